@@ -1,0 +1,26 @@
+"""A node's configuration: what `raftlog node` takes on its command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: Path
+    # host:port the gRPC server listens on.
+    grpc_address: str = "127.0.0.1:7400"
+    # Stable node name; defaults to the gRPC address.
+    node_id: str = ""
+    # host:port of this node's Raft endpoint; empty = single-node mode without Raft.
+    raft_address: str = ""
+    # Raft addresses of the other members at bootstrap.
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    # Required whenever Raft listens beyond loopback.
+    cluster_secret: str = ""
+    log_level: str = "INFO"
+
+    @property
+    def name(self) -> str:
+        return self.node_id or self.grpc_address
