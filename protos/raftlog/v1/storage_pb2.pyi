@@ -70,6 +70,8 @@ class StreamRecord(_message.Message):
     FIRST_SEQ_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     created_ms: _builtins.int
     first_seq: _builtins.int
@@ -77,6 +79,9 @@ class StreamRecord(_message.Message):
     last_seq: _builtins.int
     """Last assigned seq (never goes down)."""
     epoch: _builtins.int
+    messages: _builtins.int
+    """Stored messages and their bytes, kept in the same WriteBatch as every change."""
+    bytes: _builtins.int
     @_builtins.property
     def config(self) -> _types_pb2.StreamConfig: ...
     def __init__(
@@ -88,10 +93,12 @@ class StreamRecord(_message.Message):
         first_seq: _builtins.int = ...,
         last_seq: _builtins.int = ...,
         epoch: _builtins.int = ...,
+        messages: _builtins.int = ...,
+        bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "epoch", b"epoch", "first_seq", b"first_seq", "last_seq", b"last_seq", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "config", b"config", "created_ms", b"created_ms", "epoch", b"epoch", "first_seq", b"first_seq", "last_seq", b"last_seq", "messages", b"messages", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -130,10 +137,14 @@ class ConsumerRecord(_message.Message):
     ACKED_FIELD_NUMBER: _builtins.int
     DELIVERIES_FIELD_NUMBER: _builtins.int
     NUM_DEAD_LETTERED_FIELD_NUMBER: _builtins.int
+    START_SEQS_FIELD_NUMBER: _builtins.int
+    START_RESUME_SEQ_FIELD_NUMBER: _builtins.int
     created_ms: _builtins.int
     delivered_seq: _builtins.int
     ack_floor: _builtins.int
     num_dead_lettered: _builtins.int
+    start_resume_seq: _builtins.int
+    """DELIVER_POLICY_LAST_PER_SUBJECT: the commit seq when the consumer was created."""
     @_builtins.property
     def config(self) -> _consumers_pb2.ConsumerConfig: ...
     @_builtins.property
@@ -143,6 +154,12 @@ class ConsumerRecord(_message.Message):
     @_builtins.property
     def deliveries(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Delivery counts of seqs delivered above the ack floor and not acknowledged."""
+
+    @_builtins.property
+    def start_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """DELIVER_POLICY_LAST_PER_SUBJECT: seqs of the initial per-subject set not yet delivered,
+        ascending; once it is empty, delivery resumes after `start_resume_seq`.
+        """
 
     def __init__(
         self,
@@ -154,10 +171,12 @@ class ConsumerRecord(_message.Message):
         acked: _abc.Iterable[_builtins.int] | None = ...,
         deliveries: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
         num_dead_lettered: _builtins.int = ...,
+        start_seqs: _abc.Iterable[_builtins.int] | None = ...,
+        start_resume_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked", b"acked", "config", b"config", "created_ms", b"created_ms", "delivered_seq", b"delivered_seq", "deliveries", b"deliveries", "num_dead_lettered", b"num_dead_lettered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked", b"acked", "config", b"config", "created_ms", b"created_ms", "delivered_seq", b"delivered_seq", "deliveries", b"deliveries", "num_dead_lettered", b"num_dead_lettered", "start_resume_seq", b"start_resume_seq", "start_seqs", b"start_seqs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,113 @@
+"""The node process: opens storage, builds the engines and serves gRPC until SIGTERM.
+
+Threads: the main thread runs the asyncio loop (gRPC aio server, engines); one group-commit
+thread fsyncs. SIGTERM/SIGINT stop accepting calls, let running calls finish for up to
+limits.drain_grace_s, fsync, and close RocksDB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from raftlog.node import limits
+from raftlog.node.clock import Clock, SystemClock
+from raftlog.node.config import NodeConfig
+from raftlog.node.consumer_records import RocksConsumerStore
+from raftlog.node.consumer_service import ConsumersService
+from raftlog.node.consumers import ConsumerManager
+from raftlog.node.storage import GroupCommitter, Storage
+from raftlog.node.stream_service import StreamsService
+from raftlog.node.streams import StreamEngine
+from raftlog.v1 import consumers_pb2, consumers_pb2_grpc, streams_pb2, streams_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+switch_interval_s = 0.001  # GIL hand-off; see DESIGN §3 (fsync threads wait for the GIL)
+SERVICE_NAMES = (
+    streams_pb2.DESCRIPTOR.services_by_name["Streams"].full_name,
+    consumers_pb2.DESCRIPTOR.services_by_name["Consumers"].full_name,
+)
+
+
+class Node:
+    """Everything one node owns; `start` and `stop` run on the event loop."""
+
+    def __init__(self, config: NodeConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.storage = Storage(config.data_dir)
+        self.committer = GroupCommitter(self.storage)
+        self._engine: StreamEngine | None = None
+        store = RocksConsumerStore(storage=self.storage, committer=self.committer,
+                                   stream_id=lambda name: self.engine.get(name).stream_id)
+        self.consumers = ConsumerManager(store=store, clock=self.clock)
+        self.engine = StreamEngine(storage=self.storage, committer=self.committer,
+                                   clock=self.clock, consumers=self.consumers)
+        self.health = health.aio.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.committer.start(asyncio.get_running_loop())
+        self.engine.load()
+        self.engine.start()
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limits.request_bytes_max),
+            ("grpc.max_send_message_length", limits.request_bytes_max),
+            ("grpc.so_reuseport", 0),
+        ])
+        streams_pb2_grpc.add_StreamsServicer_to_server(StreamsService(self.engine), server)
+        consumers_pb2_grpc.add_ConsumersServicer_to_server(ConsumersService(self.consumers),
+                                                           server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        self.port = server.add_insecure_port(self.config.grpc_address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.grpc_address}")
+        await server.start()
+        self.server = server
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("node %s serving gRPC on %s", self.config.name, self.config.grpc_address)
+
+    async def stop(self) -> None:
+        await self.health.enter_graceful_shutdown()
+        if self.server is not None:
+            await self.server.stop(limits.drain_grace_s)
+        await self.engine.stop()
+        await self.committer.durable()
+        self.committer.stop()
+        self.storage.close()
+        log.info("node %s stopped", self.config.name)
+
+
+async def serve(config: NodeConfig) -> None:
+    node = Node(config)
+    await node.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    log.info("signal received; draining")
+    await node.stop()
+
+
+def run(config: NodeConfig) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    sys.setswitchinterval(switch_interval_s)
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,679 @@
+"""One stream on one node: its messages in RocksDB, its counters in memory, and the
+`StreamLog` view consumers read through.
+
+Everything here runs on the event loop thread. A publish assigns seqs and writes an unsynced
+WriteBatch at once, then awaits the group commit; `commit_seq` (the high-water mark, G4) moves
+only after the fsync that covers the write. Readers never see a seq above `commit_seq`.
+Retention by count, bytes and per-subject count is applied in the publishing batch; age by the
+engine's sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from rocksdict import WriteBatch
+
+from raftlog.node import keys, limits, subjects
+from raftlog.node.clock import Clock
+from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.node.log import LogEntry
+from raftlog.node.storage import (
+    CF_DEDUPE,
+    CF_MESSAGES,
+    CF_STREAM_STATE,
+    CF_SUBJECTS,
+    GroupCommitter,
+    Storage,
+)
+from raftlog.v1 import storage_pb2, streams_pb2, types_pb2
+
+known_subjects_max = 10_000  # validated subjects remembered per stream
+scan_examined_max = 100_000  # messages one filtered scan looks at before it stops
+
+
+@dataclass(slots=True)
+class SubjectStat:
+    count: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """One message to publish, as the API layer hands it over."""
+
+    subject: str
+    payload: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    msg_id: str = ""
+    expected_last_seq: int | None = None
+    expected_last_subject_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    seq: int
+    duplicate: bool = False
+
+
+def message_size(subject: str, payload: bytes, headers: Sequence[tuple[str, str]]) -> int:
+    return len(payload) + len(subject.encode()) + sum(len(k) + len(v) for k, v in headers)
+
+
+def to_message(stream: str, seq: int, stored: storage_pb2.StoredMessage) -> types_pb2.Message:
+    return types_pb2.Message(
+        stream=stream,
+        seq=seq,
+        subject=stored.subject,
+        ts_ms=stored.ts_ms,
+        headers=stored.headers,
+        payload=stored.payload,
+        msg_id=stored.msg_id,
+    )
+
+
+def to_entry(seq: int, stored: storage_pb2.StoredMessage) -> LogEntry:
+    return LogEntry(
+        seq=seq,
+        subject=stored.subject,
+        ts_ms=stored.ts_ms,
+        payload=stored.payload,
+        headers=tuple((h.key, h.value) for h in stored.headers),
+        msg_id=stored.msg_id,
+    )
+
+
+class Stream:
+    def __init__(
+        self,
+        *,
+        storage: Storage,
+        committer: GroupCommitter,
+        clock: Clock,
+        record: storage_pb2.StreamRecord,
+    ) -> None:
+        self._storage = storage
+        self._committer = committer
+        self._clock = clock
+        self.record = record
+        self.stream_id = record.stream_id
+        self.subject_stats: dict[str, SubjectStat] = {}
+        self.dedupe: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._commit_seq = record.last_seq
+        self._waiters: list[asyncio.Future[None]] = []
+        self._known_subjects: set[str] = set()
+        self.closed = False
+
+    # ----------------------------------------------------------------- loading
+
+    def load(self) -> None:
+        """Reads subject counters and the dedupe window back from RocksDB."""
+        prefix = keys.summary_prefix(self.stream_id)
+        for key, value in self._storage.scan(
+            CF_SUBJECTS, lower=prefix, upper=keys.prefix_end(prefix)
+        ):
+            count, last_seq = keys.read_pair(value)
+            self.subject_stats[keys.summary_subject(key)] = SubjectStat(count, last_seq)
+        cutoff = self._clock.wall_ms() - self.dedupe_window_ms
+        entries = []
+        start = keys.stream_prefix(self.stream_id)
+        for key, value in self._storage.scan(
+            CF_DEDUPE, lower=start, upper=keys.stream_end(self.stream_id)
+        ):
+            seq, ts_ms = keys.read_pair(value)
+            if ts_ms >= cutoff:
+                entries.append((ts_ms, seq, key[8:].decode()))
+        for ts_ms, seq, msg_id in sorted(entries):
+            self.dedupe[msg_id] = (seq, ts_ms)
+        self._advance_head()
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def name(self) -> str:
+        return self.record.config.name
+
+    @property
+    def config(self) -> types_pb2.StreamConfig:
+        return self.record.config
+
+    @property
+    def first_seq(self) -> int:
+        return self.record.first_seq
+
+    @property
+    def last_seq(self) -> int:
+        return self.record.last_seq
+
+    @property
+    def commit_seq(self) -> int:
+        return self._commit_seq
+
+    @property
+    def dedupe_window_ms(self) -> int:
+        return self.config.dedupe_window_ms or limits.dedupe_window_ms_default
+
+    @property
+    def max_message_bytes(self) -> int:
+        configured = self.config.max_msg_bytes
+        return min(configured, limits.message_bytes_max) if configured else \
+            limits.message_bytes_max
+
+    def state(self, *, consumers: int) -> types_pb2.StreamState:
+        first = self._read_stored(self.first_seq) if self.record.messages else None
+        last = self._read_stored(self._commit_seq) if self.record.messages else None
+        return types_pb2.StreamState(
+            first_seq=self.first_seq,
+            last_seq=self._commit_seq,
+            messages=self.record.messages,
+            bytes=self.record.bytes,
+            first_ts_ms=first.ts_ms if first else 0,
+            last_ts_ms=last.ts_ms if last else 0,
+            num_subjects=len(self.subject_stats),
+            consumers=consumers,
+            commit_seq=self._commit_seq,
+        )
+
+    # ----------------------------------------------------------------- reads
+
+    def _read_stored(self, seq: int) -> storage_pb2.StoredMessage | None:
+        raw = self._storage.get(CF_MESSAGES, keys.message_key(self.stream_id, seq))
+        if raw is None:
+            return None
+        return storage_pb2.StoredMessage.FromString(raw)
+
+    def get_message(self, seq: int) -> types_pb2.Message:
+        stored = self._read_stored(seq) if 0 < seq <= self._commit_seq else None
+        if stored is None:
+            raise RaftlogError(
+                Reason.MESSAGE_NOT_FOUND, f"stream {self.name!r} has no message at seq {seq}",
+                seq=seq,
+            )
+        return to_message(self.name, seq, stored)
+
+    def read(self, seq: int) -> LogEntry | None:
+        stored = self._read_stored(seq) if 0 < seq <= self._commit_seq else None
+        return None if stored is None else to_entry(seq, stored)
+
+    def _committed_items(self, from_seq: int) -> Iterator[tuple[int, bytes]]:
+        lower = keys.message_key(self.stream_id, max(from_seq, self.first_seq))
+        upper = keys.message_key(self.stream_id, self._commit_seq + 1)
+        for key, value in self._storage.scan(CF_MESSAGES, lower=lower, upper=upper):
+            yield keys.message_seq(key), value
+
+    def _subject_seqs(self, subject: str, *, from_seq: int, to_seq: int) -> Iterator[int]:
+        """Seqs of one literal subject in [from_seq, to_seq], ascending."""
+        lower = keys.index_key(self.stream_id, subject, from_seq)
+        upper = keys.index_key(self.stream_id, subject, to_seq + 1)
+        for key in self._storage.scan_keys(CF_SUBJECTS, lower=lower, upper=upper):
+            yield keys.index_seq(key)
+
+    def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
+        if limit <= 0:
+            return
+        if filter_subject and subjects.is_literal(filter_subject):
+            produced = 0
+            for seq in self._subject_seqs(filter_subject, from_seq=max(from_seq, 1),
+                                          to_seq=self._commit_seq):
+                entry = self.read(seq)
+                if entry is not None:
+                    yield entry
+                    produced += 1
+                    if produced >= limit:
+                        return
+            return
+        produced = examined = 0
+        for seq, raw in self._committed_items(from_seq):
+            stored = storage_pb2.StoredMessage.FromString(raw)
+            examined += 1
+            if not filter_subject or subjects.matches(filter_subject, stored.subject):
+                yield to_entry(seq, stored)
+                produced += 1
+                if produced >= limit:
+                    return
+            if examined >= scan_examined_max:
+                return
+
+    def scan_subject(self, subject: str, *, from_seq: int, limit: int) -> tuple[
+        list[types_pb2.Message], int
+    ]:
+        """Messages of one literal subject from `from_seq`; returns them and the next seq."""
+        found: list[types_pb2.Message] = []
+        for seq in self._subject_seqs(subject, from_seq=max(from_seq, 1),
+                                      to_seq=self._commit_seq):
+            if len(found) >= limit:
+                return found, seq
+            stored = self._read_stored(seq)
+            if stored is not None:
+                found.append(to_message(self.name, seq, stored))
+        return found, 0
+
+    def latest_at_subject(self, subject: str) -> types_pb2.Message:
+        stat = self.subject_stats.get(subject)
+        if stat is not None:
+            if stat.last_seq <= self._commit_seq:
+                seq: int | None = stat.last_seq
+            else:
+                lower = keys.index_prefix(self.stream_id, subject)
+                key = self._storage.last_key(
+                    CF_SUBJECTS, lower=lower,
+                    upper=keys.index_key(self.stream_id, subject, self._commit_seq + 1),
+                )
+                seq = keys.index_seq(key) if key else None
+            stored = self._read_stored(seq) if seq else None
+            if seq and stored is not None:
+                return to_message(self.name, seq, stored)
+        raise RaftlogError(
+            Reason.MESSAGE_NOT_FOUND, f"stream {self.name!r} has no message at {subject!r}",
+            subject=subject,
+        )
+
+    def subjects_with_prefix(self, prefix: str, *, limit: int) -> tuple[
+        list[streams_pb2.SubjectSummary], bool
+    ]:
+        start = keys.summary_prefix(self.stream_id, prefix)
+        found = []
+        for key, value in self._storage.scan(
+            CF_SUBJECTS, lower=start, upper=keys.prefix_end(start)
+        ):
+            if len(found) >= limit:
+                return found, True
+            count, last_seq = keys.read_pair(value)
+            found.append(streams_pb2.SubjectSummary(
+                subject=keys.summary_subject(key), messages=count, last_seq=last_seq
+            ))
+        return found, False
+
+    def first_seq_at_or_after_time(self, ts_ms: int) -> int:
+        for seq, raw in self._committed_items(self.first_seq):
+            if storage_pb2.StoredMessage.FromString(raw).ts_ms >= ts_ms:
+                return seq
+        return self._commit_seq + 1
+
+    def last_seqs_per_subject(self, filter_subject: str) -> list[int]:
+        found = []
+        for subject in self.subject_stats:
+            if filter_subject and not subjects.matches(filter_subject, subject):
+                continue
+            key = self._storage.last_key(
+                CF_SUBJECTS, lower=keys.index_prefix(self.stream_id, subject),
+                upper=keys.index_key(self.stream_id, subject, self._commit_seq + 1),
+            )
+            if key is not None:
+                found.append(keys.index_seq(key))
+        return sorted(found)
+
+    def count_matching(self, *, from_seq: int, filter_subject: str) -> int:
+        if not filter_subject:
+            if from_seq <= self.first_seq:
+                return self.record.messages
+            below = sum(1 for _ in self._storage.scan_keys(
+                CF_MESSAGES, lower=keys.message_key(self.stream_id, self.first_seq),
+                upper=keys.message_key(self.stream_id, from_seq),
+            ))
+            return max(self.record.messages - below, 0)
+        total = 0
+        for subject in self.subject_stats:
+            if subjects.matches(filter_subject, subject):
+                total += sum(1 for _ in self._subject_seqs(
+                    subject, from_seq=max(from_seq, 1), to_seq=self._commit_seq))
+        return total
+
+    # ----------------------------------------------------------------- commit visibility
+
+    async def wait_for_commit(self, *, above_seq: int, timeout_s: float) -> bool:
+        if self._commit_seq > above_seq:
+            return True
+        if self.closed or timeout_s <= 0:
+            return False
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if future in self._waiters:
+                self._waiters.remove(future)
+        return self._commit_seq > above_seq
+
+    def _advance_commit(self, seq: int) -> None:
+        if seq <= self._commit_seq:
+            return
+        self._commit_seq = seq
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    def close(self) -> None:
+        self.closed = True
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    # ----------------------------------------------------------------- publishing
+
+    def _check_subject(self, subject: str) -> None:
+        if subject in self._known_subjects:
+            return
+        subjects.validate_subject(subject)
+        if not subjects.matches_any(list(self.config.subjects), subject):
+            raise RaftlogError(
+                Reason.SUBJECT_NOT_IN_STREAM,
+                f"subject {subject!r} is not accepted by stream {self.name!r}",
+                subject=subject,
+            )
+        if len(self._known_subjects) >= known_subjects_max:
+            self._known_subjects.clear()
+        self._known_subjects.add(subject)
+
+    def _check_draft(self, draft: Draft) -> int:
+        self._check_subject(draft.subject)
+        if len(draft.headers) > limits.headers_count_max:
+            raise RaftlogError(
+                Reason.MESSAGE_TOO_LARGE, f"more than {limits.headers_count_max} headers",
+                limit=limits.headers_count_max,
+            )
+        for key, value in draft.headers:
+            if not key or len(key) + len(value) > limits.header_bytes_max:
+                raise RaftlogError(
+                    Reason.INVALID_ARGUMENT,
+                    f"header {key[:64]!r} is empty or longer than {limits.header_bytes_max} bytes",
+                )
+        if len(draft.msg_id.encode()) > limits.msg_id_bytes_max:
+            raise RaftlogError(
+                Reason.INVALID_ARGUMENT, f"msg_id is longer than {limits.msg_id_bytes_max} bytes"
+            )
+        size = message_size(draft.subject, draft.payload, draft.headers)
+        if size > self.max_message_bytes:
+            raise RaftlogError(
+                Reason.MESSAGE_TOO_LARGE,
+                f"message of {size} bytes exceeds the limit of {self.max_message_bytes}",
+                size=size, limit=self.max_message_bytes,
+            )
+        return size
+
+    def _check_expectations(self, draft: Draft) -> None:
+        if draft.expected_last_seq is not None and draft.expected_last_seq != self.last_seq:
+            raise RaftlogError(
+                Reason.WRONG_LAST_SEQ,
+                f"expected last seq {draft.expected_last_seq}, stream is at {self.last_seq}",
+                last_seq=self.last_seq,
+            )
+        if draft.expected_last_subject_seq is not None:
+            stat = self.subject_stats.get(draft.subject)
+            current = stat.last_seq if stat else 0
+            if current != draft.expected_last_subject_seq:
+                raise RaftlogError(
+                    Reason.WRONG_LAST_SUBJECT_SEQ,
+                    f"expected last seq {draft.expected_last_subject_seq} at "
+                    f"{draft.subject!r}, it is {current}",
+                    last_subject_seq=current,
+                )
+
+    def _duplicate_of(self, msg_id: str, now_ms: int) -> int | None:
+        found = self.dedupe.get(msg_id)
+        if found is None:
+            return None
+        seq, ts_ms = found
+        return seq if ts_ms >= now_ms - self.dedupe_window_ms else None
+
+    def _expire_dedupe(self, batch: WriteBatch, now_ms: int) -> None:
+        cutoff = now_ms - self.dedupe_window_ms
+        handle = self._storage.handle(CF_DEDUPE)
+        while self.dedupe:
+            msg_id, (_, ts_ms) = next(iter(self.dedupe.items()))
+            if ts_ms >= cutoff and len(self.dedupe) <= limits.dedupe_entries_max:
+                return
+            self.dedupe.popitem(last=False)
+            batch.delete(keys.dedupe_key(self.stream_id, msg_id), handle)
+
+    def _stage(self, batch: WriteBatch, draft: Draft, *, size: int, now_ms: int) -> int:
+        seq = self.record.last_seq + 1
+        stored = storage_pb2.StoredMessage(
+            subject=draft.subject, ts_ms=now_ms, payload=draft.payload, msg_id=draft.msg_id,
+            epoch=self.record.epoch,
+            headers=[types_pb2.Header(key=k, value=v) for k, v in draft.headers],
+        )
+        batch.put(keys.message_key(self.stream_id, seq), stored.SerializeToString(),
+                  self._storage.handle(CF_MESSAGES))
+        batch.put(keys.index_key(self.stream_id, draft.subject, seq), b"",
+                  self._storage.handle(CF_SUBJECTS))
+        stat = self.subject_stats.get(draft.subject)
+        if stat is None:
+            self.subject_stats[draft.subject] = SubjectStat(1, seq)
+        else:
+            stat.count += 1
+            stat.last_seq = seq
+        if draft.msg_id:
+            self.dedupe[draft.msg_id] = (seq, now_ms)
+            self.dedupe.move_to_end(draft.msg_id)
+            batch.put(keys.dedupe_key(self.stream_id, draft.msg_id), keys.pair(seq, now_ms),
+                      self._storage.handle(CF_DEDUPE))
+        self.record.last_seq = seq
+        self.record.messages += 1
+        self.record.bytes += size
+        if self.record.messages == 1:
+            self.record.first_seq = seq
+        return seq
+
+    def _over_limits(self, subject: str) -> bool:
+        config = self.config
+        stat = self.subject_stats.get(subject)
+        return bool(
+            (config.max_msgs and self.record.messages > config.max_msgs)
+            or (config.max_bytes and self.record.bytes > config.max_bytes)
+            or (config.max_msgs_per_subject and stat and stat.count > config.max_msgs_per_subject)
+        )
+
+    def publish_staged(self, drafts: Sequence[Draft]) -> tuple[
+        list[Appended | RaftlogError], int
+    ]:
+        """Stages and writes (unsynced) a batch; returns per-draft results and the seq that
+        must be committed before any of them is acknowledged (0: nothing to wait for)."""
+        if self.closed:
+            raise RaftlogError(Reason.STREAM_NOT_FOUND, f"stream {self.name!r} was deleted")
+        now_ms = self._clock.wall_ms()
+        results: list[Appended | RaftlogError] = []
+        wait_seq = 0
+        batch = self._storage.batch()
+        touched: set[str] = set()
+        for draft in drafts:
+            try:
+                size = self._check_draft(draft)
+                duplicate = self._duplicate_of(draft.msg_id, now_ms) if draft.msg_id else None
+                if duplicate is not None:
+                    results.append(Appended(duplicate, duplicate=True))
+                    wait_seq = max(wait_seq, duplicate)
+                    continue
+                self._check_expectations(draft)
+            except RaftlogError as err:
+                results.append(err)
+                continue
+            seq = self._stage(batch, draft, size=size, now_ms=now_ms)
+            touched.add(draft.subject)
+            results.append(Appended(seq))
+            wait_seq = seq
+            if self._over_limits(draft.subject):
+                batch = self._write(batch, touched)
+                touched = set()
+                self._enforce_limits(draft.subject)
+        if results and self.dedupe:
+            self._expire_dedupe(batch, now_ms)
+        self._write(batch, touched)
+        return results, wait_seq
+
+    async def commit(self, wait_seq: int) -> None:
+        """Waits until `wait_seq` is durable, then makes it visible."""
+        if wait_seq > self._commit_seq:
+            target = self.record.last_seq
+            await self._committer.durable()
+            self._advance_commit(target)
+
+    async def publish(self, drafts: Sequence[Draft]) -> list[Appended | RaftlogError]:
+        results, wait_seq = self.publish_staged(drafts)
+        await self.commit(wait_seq)
+        return results
+
+    async def publish_internal(
+        self, *, subject: str, payload: bytes, headers: tuple[tuple[str, str], ...]
+    ) -> int:
+        (result,) = await self.publish([Draft(subject=subject, payload=payload, headers=headers)])
+        if isinstance(result, RaftlogError):
+            raise result
+        return result.seq
+
+    # ----------------------------------------------------------------- removal
+
+    def _write(self, batch: WriteBatch, touched: set[str]) -> WriteBatch:
+        """Writes counters of touched subjects and the stream record with `batch`."""
+        handle = self._storage.handle(CF_SUBJECTS)
+        for subject in touched:
+            stat = self.subject_stats.get(subject)
+            key = keys.summary_key(self.stream_id, subject)
+            if stat is None:
+                batch.delete(key, handle)
+            else:
+                batch.put(key, keys.pair(stat.count, stat.last_seq), handle)
+        batch.put(self.name.encode(), self.record.SerializeToString(),
+                  self._storage.handle(CF_STREAM_STATE))
+        self._storage.write(batch)
+        return self._storage.batch()
+
+    def _delete_seq(self, batch: WriteBatch, seq: int, touched: set[str]) -> bool:
+        stored = self._read_stored(seq)
+        if stored is None:
+            return False
+        headers = [(h.key, h.value) for h in stored.headers]
+        size = message_size(stored.subject, stored.payload, headers)
+        batch.delete(keys.message_key(self.stream_id, seq), self._storage.handle(CF_MESSAGES))
+        batch.delete(keys.index_key(self.stream_id, stored.subject, seq),
+                     self._storage.handle(CF_SUBJECTS))
+        stat = self.subject_stats[stored.subject]
+        stat.count -= 1
+        if stat.count <= 0:
+            del self.subject_stats[stored.subject]
+        elif stat.last_seq == seq:
+            key = self._storage.last_key(
+                CF_SUBJECTS, lower=keys.index_prefix(self.stream_id, stored.subject),
+                upper=keys.index_key(self.stream_id, stored.subject, seq),
+            )
+            stat.last_seq = keys.index_seq(key) if key else 0
+        touched.add(stored.subject)
+        self.record.messages -= 1
+        self.record.bytes -= size
+        if self.record.messages < 0:
+            raise InvariantViolation(f"stream {self.name}: message count went negative")
+        return True
+
+    def _advance_head(self) -> None:
+        """Moves first_seq to the first stored message (last_seq + 1 when empty)."""
+        lower = keys.message_key(self.stream_id, max(self.record.first_seq, 1))
+        upper = keys.message_key(self.stream_id, self.record.last_seq + 1)
+        for key in self._storage.scan_keys(CF_MESSAGES, lower=lower, upper=upper):
+            self.record.first_seq = keys.message_seq(key)
+            return
+        self.record.first_seq = self.record.last_seq + 1
+
+    def _enforce_limits(self, subject: str) -> int:
+        """Removes the oldest messages until the stream is within its limits; written, not
+        yet durable (the caller's commit covers it)."""
+        config = self.config
+        removed = 0
+        touched: set[str] = set()
+        batch = self._storage.batch()
+        stat = self.subject_stats.get(subject)
+        if config.max_msgs_per_subject and stat and stat.count > config.max_msgs_per_subject:
+            excess = stat.count - config.max_msgs_per_subject
+            oldest = list(self._subject_seqs(subject, from_seq=1, to_seq=self.last_seq))[:excess]
+            for seq in oldest:
+                removed += self._delete_seq(batch, seq, touched)
+            batch = self._write(batch, touched)
+            self._advance_head()
+        while (config.max_msgs and self.record.messages > config.max_msgs) or (
+            config.max_bytes and self.record.bytes > config.max_bytes
+        ):
+            head = self.record.first_seq
+            if not self._delete_seq(batch, head, touched):
+                raise InvariantViolation(f"stream {self.name}: head seq {head} is missing")
+            removed += 1
+            batch = self._write(batch, touched)
+            touched = set()
+            self._advance_head()
+        self._write(batch, touched)
+        self._advance_head()
+        return removed
+
+    async def enforce_limits(self) -> int:
+        """After a config change: prunes to the (new) limits, durably."""
+        removed = 0
+        for subject in list(self.subject_stats):
+            removed += self._enforce_limits(subject)
+        removed += self._enforce_limits("")
+        if removed:
+            await self._committer.durable()
+        return removed
+
+    async def remove(self, seqs: list[int]) -> int:
+        batch = self._storage.batch()
+        touched: set[str] = set()
+        removed = sum(self._delete_seq(batch, seq, touched) for seq in sorted(set(seqs))
+                      if 0 < seq <= self._commit_seq)
+        self._write(batch, touched)
+        self._advance_head()
+        if removed:
+            await self._committer.durable()
+        return removed
+
+    async def expire(self, *, now_ms: int) -> int:
+        """Removes messages older than max_age (at most retention_sweep_deletes_max)."""
+        if not self.config.max_age_ms or not self.record.messages:
+            return 0
+        cutoff = now_ms - self.config.max_age_ms
+        expired = []
+        for seq, raw in self._committed_items(self.first_seq):
+            if len(expired) >= limits.retention_sweep_deletes_max or \
+                    storage_pb2.StoredMessage.FromString(raw).ts_ms >= cutoff:
+                break
+            expired.append(seq)
+        return await self.remove(expired) if expired else 0
+
+    async def purge(self, *, subject: str, below_seq: int, keep: int) -> int:
+        if not subject and not below_seq and not keep:
+            return await self._purge_all()
+        candidates = self._purge_candidates(subject, below_seq=below_seq)
+        if keep:
+            candidates = candidates[: max(len(candidates) - keep, 0)]
+        return await self.remove(candidates)
+
+    def _purge_candidates(self, subject: str, *, below_seq: int) -> list[int]:
+        upper = min(below_seq - 1, self.last_seq) if below_seq else self.last_seq
+        if not subject:
+            return [keys.message_seq(key) for key in self._storage.scan_keys(
+                CF_MESSAGES, lower=keys.message_key(self.stream_id, self.first_seq),
+                upper=keys.message_key(self.stream_id, upper + 1))]
+        found: list[int] = []
+        for name in list(self.subject_stats):
+            if subjects.matches(subject, name):
+                found.extend(self._subject_seqs(name, from_seq=1, to_seq=upper))
+        return sorted(found)
+
+    async def _purge_all(self) -> int:
+        purged = self.record.messages
+        batch = self._storage.batch()
+        batch.delete_range(keys.stream_prefix(self.stream_id), keys.stream_end(self.stream_id),
+                           self._storage.handle(CF_MESSAGES))
+        batch.delete_range(keys.stream_prefix(self.stream_id), keys.stream_end(self.stream_id),
+                           self._storage.handle(CF_SUBJECTS))
+        self.subject_stats.clear()
+        self.record.messages = 0
+        self.record.bytes = 0
+        self.record.first_seq = self.record.last_seq + 1
+        self._write(batch, set())
+        await self._committer.durable()
+        return purged
