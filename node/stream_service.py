@@ -16,17 +16,14 @@ from raftlog.v1 import streams_pb2, streams_pb2_grpc, types_pb2
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def _draft(entry: streams_pb2.PublishEntry | streams_pb2.PublishRequest) -> Draft:
-    return Draft(
-        subject=entry.subject,
-        payload=entry.payload,
-        headers=tuple((h.key, h.value) for h in entry.headers),
-        msg_id=entry.msg_id,
-        expected_last_seq=(entry.expected_last_seq if entry.HasField("expected_last_seq")
-                           else None),
-        expected_last_subject_seq=(entry.expected_last_subject_seq
-                                   if entry.HasField("expected_last_subject_seq") else None),
-    )
+def _draft(request: streams_pb2.PublishRequest) -> Draft:
+    entry = Draft(subject=request.subject, payload=request.payload, headers=request.headers,
+                  msg_id=request.msg_id)
+    if request.HasField("expected_last_seq"):
+        entry.expected_last_seq = request.expected_last_seq
+    if request.HasField("expected_last_subject_seq"):
+        entry.expected_last_subject_seq = request.expected_last_subject_seq
+    return entry
 
 
 def _result(stream: str, outcome: Appended | RaftlogError) -> streams_pb2.PublishResult:
@@ -156,8 +153,7 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
             raise RaftlogError(Reason.BATCH_TOO_LARGE,
                                f"a batch holds at most {limits.batch_messages_max} messages",
                                limit=limits.batch_messages_max)
-        outcomes = await self._engine.publish(request.stream,
-                                              [_draft(entry) for entry in request.entries])
+        outcomes = await self._engine.publish(request.stream, request.entries)
         return _batch_response([request.stream] * len(outcomes), outcomes)
 
     async def PublishStream(self, request_iterator: AsyncIterator[streams_pb2.PublishRequest],

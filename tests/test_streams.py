@@ -12,7 +12,7 @@ import pytest
 from raftlog.node.clock import FakeClock
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.node.storage import GroupCommitter, Storage
-from raftlog.node.stream import Appended, Draft
+from raftlog.node.stream import Appended, Draft, draft
 from raftlog.node.streams import NoConsumers, StreamEngine
 from raftlog.v1 import streams_pb2, types_pb2
 
@@ -58,7 +58,7 @@ async def create(h: Harness, name: str = "s", **fields: object) -> None:
 
 
 def drafts(*subjects: str) -> list[Draft]:
-    return [Draft(subject=s, payload=f"p{i}".encode()) for i, s in enumerate(subjects)]
+    return [draft(s, f"p{i}".encode()) for i, s in enumerate(subjects)]
 
 
 def test_seqs_are_assigned_one_to_n_without_gaps(tmp_path: Path) -> None:
@@ -76,16 +76,16 @@ def test_seqs_are_assigned_one_to_n_without_gaps(tmp_path: Path) -> None:
 def test_everything_survives_reopen(tmp_path: Path) -> None:
     async def write(h: Harness) -> None:
         await create(h, subjects=["x.>"], max_msgs_per_subject=2)
-        await h.engine.publish("s", [Draft(subject="x.a", payload=b"1", msg_id="m1"),
-                                     Draft(subject="x.b", payload=b"2"),
-                                     Draft(subject="x.a", payload=b"3")])
+        await h.engine.publish("s", [draft("x.a", b"1", msg_id="m1"),
+                                     draft("x.b", b"2"),
+                                     draft("x.a", b"3")])
 
     async def read(h: Harness) -> None:
         stream = h.engine.get("s")
         assert stream.get_message(3).payload == b"3"
         assert stream.latest_at_subject("x.a").seq == 3
         assert h.engine.info("s").state.messages == 3
-        (dup,) = await h.engine.publish("s", [Draft(subject="x.a", payload=b"again",
+        (dup,) = await h.engine.publish("s", [draft("x.a", b"again",
                                                     msg_id="m1")])
         assert dup == Appended(1, duplicate=True)
         assert seqs(await h.engine.publish("s", drafts("x.c"))) == [4]
@@ -109,7 +109,7 @@ def test_limits_remove_the_oldest_messages_on_write(
     async def body(h: Harness) -> None:
         await create(h, **fields)
         for subject in published:
-            await h.engine.publish("s", [Draft(subject=subject, payload=b"xxxxx")])
+            await h.engine.publish("s", [draft(subject, b"xxxxx")])
         state = h.engine.info("s").state
         assert state.last_seq == len(published)
         assert state.messages == expected_messages
@@ -146,15 +146,15 @@ def test_expected_last_seq_mismatch_reports_current_value(tmp_path: Path) -> Non
     async def body(h: Harness) -> None:
         await create(h)
         await h.engine.publish("s", drafts("a", "b"))
-        (err,) = await h.engine.publish("s", [Draft(subject="a", payload=b"", expected_last_seq=1)])
+        (err,) = await h.engine.publish("s", [draft("a", b"", expected_last_seq=1)])
         assert isinstance(err, RaftlogError) and err.reason is Reason.WRONG_LAST_SEQ
         assert err.metadata == {"last_seq": "2"}
         (err,) = await h.engine.publish(
-            "s", [Draft(subject="a", payload=b"", expected_last_subject_seq=0)])
+            "s", [draft("a", b"", expected_last_subject_seq=0)])
         assert isinstance(err, RaftlogError) and err.reason is Reason.WRONG_LAST_SUBJECT_SEQ
         assert err.metadata == {"last_subject_seq": "1"}
         (ok,) = await h.engine.publish(
-            "s", [Draft(subject="a", payload=b"", expected_last_seq=2,
+            "s", [draft("a", b"", expected_last_seq=2,
                         expected_last_subject_seq=1)])
         assert ok == Appended(3)
 
@@ -164,11 +164,11 @@ def test_expected_last_seq_mismatch_reports_current_value(tmp_path: Path) -> Non
 def test_dedupe_window_expires(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         await create(h, dedupe_window_ms=1_000)
-        first = await h.engine.publish("s", [Draft(subject="a", payload=b"", msg_id="id")])
-        again = await h.engine.publish("s", [Draft(subject="a", payload=b"", msg_id="id")])
+        first = await h.engine.publish("s", [draft("a", b"", msg_id="id")])
+        again = await h.engine.publish("s", [draft("a", b"", msg_id="id")])
         assert first == [Appended(1)] and again == [Appended(1, duplicate=True)]
         h.clock.advance(2)
-        assert await h.engine.publish("s", [Draft(subject="a", payload=b"", msg_id="id")]) == [
+        assert await h.engine.publish("s", [draft("a", b"", msg_id="id")]) == [
             Appended(2)]
 
     run(tmp_path, body)
@@ -266,12 +266,12 @@ def test_create_is_idempotent_but_a_different_config_conflicts(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("draft", "reason"),
     [
-        (Draft(subject="", payload=b""), Reason.INVALID_SUBJECT),
-        (Draft(subject="a.*", payload=b""), Reason.INVALID_SUBJECT),
-        (Draft(subject="a b", payload=b""), Reason.INVALID_SUBJECT),
-        (Draft(subject="other", payload=b""), Reason.SUBJECT_NOT_IN_STREAM),
-        (Draft(subject="in.x", payload=b"x" * 101), Reason.MESSAGE_TOO_LARGE),
-        (Draft(subject="in.x", payload=b"", headers=(("", "v"),)), Reason.INVALID_ARGUMENT),
+        (draft("", b""), Reason.INVALID_SUBJECT),
+        (draft("a.*", b""), Reason.INVALID_SUBJECT),
+        (draft("a b", b""), Reason.INVALID_SUBJECT),
+        (draft("other", b""), Reason.SUBJECT_NOT_IN_STREAM),
+        (draft("in.x", b"x" * 101), Reason.MESSAGE_TOO_LARGE),
+        (draft("in.x", b"", headers=(("", "v"),)), Reason.INVALID_ARGUMENT),
     ],
 )
 def test_bad_messages_are_refused_and_nothing_is_stored(tmp_path: Path, draft: Draft,

@@ -22,20 +22,23 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class StoredMessage(_message.Message):
-    """Value of a message in the messages column family (key: stream id + big-endian seq)."""
+    """Value of a message in the messages column family (key: stream id + big-endian seq).
+    Fields 1-4 have the numbers and types of PublishEntry's, so a node stores a published entry's
+    own bytes followed by the encoded ts_ms and epoch instead of re-encoding every message.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SUBJECT_FIELD_NUMBER: _builtins.int
-    TS_MS_FIELD_NUMBER: _builtins.int
-    HEADERS_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
     MSG_ID_FIELD_NUMBER: _builtins.int
+    TS_MS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     subject: _builtins.str
-    ts_ms: _builtins.int
     payload: _builtins.bytes
     msg_id: _builtins.str
+    ts_ms: _builtins.int
     epoch: _builtins.int
     """Fence epoch of the primary that assigned the seq."""
     @_builtins.property
@@ -44,10 +47,10 @@ class StoredMessage(_message.Message):
         self,
         *,
         subject: _builtins.str = ...,
-        ts_ms: _builtins.int = ...,
-        headers: _abc.Iterable[_types_pb2.Header] | None = ...,
         payload: _builtins.bytes = ...,
+        headers: _abc.Iterable[_types_pb2.Header] | None = ...,
         msg_id: _builtins.str = ...,
+        ts_ms: _builtins.int = ...,
         epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
