@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Storage:
         self._unsynced = WriteOptions()
         self._unsynced.sync = False
 
-    def handle(self, cf: str) -> object:
+    def handle(self, cf: str) -> ColumnFamily:
         return self._handles[cf]
 
     def view(self, cf: str) -> Rdict:
@@ -197,7 +197,7 @@ class GroupCommitter:
                 target = self._want
             try:
                 self._storage.sync()
-            except Exception:  # noqa: BLE001 - any fsync failure is fatal, see module doc
+            except Exception:  # any fsync failure is fatal, see the module docstring
                 log.critical("fsync failed; exiting so that nothing more is acknowledged",
                              exc_info=True)
                 os._exit(70)

@@ -234,10 +234,9 @@ class Stream:
                     if produced >= limit:
                         return
             return
-        produced = examined = 0
-        for seq, raw in self._committed_items(from_seq):
+        produced = 0
+        for examined, (seq, raw) in enumerate(self._committed_items(from_seq), start=1):
             stored = storage_pb2.StoredMessage.FromString(raw)
-            examined += 1
             if not filter_subject or subjects.matches(filter_subject, stored.subject):
                 yield to_entry(seq, stored)
                 produced += 1
@@ -284,7 +283,7 @@ class Stream:
         list[streams_pb2.SubjectSummary], bool
     ]:
         start = keys.summary_prefix(self.stream_id, prefix)
-        found = []
+        found: list[streams_pb2.SubjectSummary] = []
         for key, value in self._storage.scan(
             CF_SUBJECTS, lower=start, upper=keys.prefix_end(start)
         ):
@@ -396,11 +395,13 @@ class Stream:
         size = 0
         for header in headers:
             header_size = len(header.key.encode()) + len(header.value.encode())
-            if not header.key or header_size > limits.header_bytes_max:
+            if not header.key:
+                raise RaftlogError(Reason.INVALID_ARGUMENT, "a header has an empty key")
+            if header_size > limits.header_bytes_max:
                 raise RaftlogError(
-                    Reason.INVALID_ARGUMENT,
-                    f"header {header.key[:64]!r} is empty or longer than "
-                    f"{limits.header_bytes_max} bytes",
+                    Reason.MESSAGE_TOO_LARGE,
+                    f"header {header.key[:64]!r} is longer than {limits.header_bytes_max} bytes",
+                    limit=limits.header_bytes_max,
                 )
             size += header_size
         return size
@@ -681,7 +682,7 @@ class Stream:
         if not self.config.max_age_ms or not self.record.messages:
             return 0
         cutoff = now_ms - self.config.max_age_ms
-        expired = []
+        expired: list[int] = []
         for seq, raw in self._committed_items(self.first_seq):
             if len(expired) >= limits.retention_sweep_deletes_max or \
                     storage_pb2.StoredMessage.FromString(raw).ts_ms >= cutoff:

@@ -88,7 +88,7 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
     @rpc.unary
     async def ListStreams(self, request: streams_pb2.ListStreamsRequest,
                           context: Context) -> streams_pb2.ListStreamsResponse:
-        return streams_pb2.ListStreamsResponse(streams=self._engine.list(request.prefix))
+        return streams_pb2.ListStreamsResponse(streams=self._engine.infos(request.prefix))
 
     @rpc.unary
     async def PurgeStream(self, request: streams_pb2.PurgeStreamRequest,

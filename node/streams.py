@@ -125,7 +125,7 @@ class StreamEngine:
             created_ms=stream.record.created_ms,
         )
 
-    def list(self, prefix: str = "") -> list[types_pb2.StreamInfo]:
+    def infos(self, prefix: str = "") -> list[types_pb2.StreamInfo]:
         return [self.info(name) for name in sorted(self.streams) if name.startswith(prefix)]
 
     async def create(self, config: types_pb2.StreamConfig) -> types_pb2.StreamInfo:

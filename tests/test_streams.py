@@ -247,7 +247,7 @@ def test_invalid_configs_are_rejected(tmp_path: Path, fields: dict[str, object],
         with pytest.raises(RaftlogError) as err:
             await h.engine.create(types_pb2.StreamConfig(**fields))  # type: ignore[arg-type]
         assert err.value.reason is reason
-        assert h.engine.list() == []
+        assert h.engine.infos() == []
 
     run(tmp_path, body)
 
