@@ -183,7 +183,7 @@ def test_request_over_the_size_limit_is_refused(clients: Clients) -> None:
 def test_acknowledged_messages_survive_kill9_and_restart(node_proc: NodeProcess) -> None:
     with node_proc.channel() as channel:
         clients = Clients(channel)
-        create(clients, subjects=["o.>"], max_msgs_per_subject=1000)
+        create(clients, subjects=["o.>"], max_msgs_per_subject=5000)
         acked = {publish(clients, f"o.{i % 7}", b"u%d" % i, msg_id=f"id{i}").seq
                  for i in range(50)}
         batch = clients.streams.PublishBatch(streams_pb2.PublishBatchRequest(
