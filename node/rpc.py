@@ -63,7 +63,8 @@ def from_rpc_error(exc: grpc.RpcError) -> RaftlogError | None:
     return None
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    """Ends the call with the exception's status (INTERNAL, logged, for a non-RaftlogError)."""
     if isinstance(exc, RaftlogError):
         await context.abort_with_status(to_status(exc))
     log.exception("internal error", exc_info=exc)
@@ -82,7 +83,7 @@ def unary(
         except (RaftlogError, Exception) as exc:
             if isinstance(exc, grpc.aio.AbortError | grpc.RpcError):
                 raise
-            await _abort(context, exc)
+            await abort(context, exc)
             raise  # unreachable: abort raises
 
     return wrapper
@@ -101,6 +102,6 @@ def server_stream(
         except (RaftlogError, Exception) as exc:
             if isinstance(exc, grpc.aio.AbortError | grpc.RpcError):
                 raise
-            await _abort(context, exc)
+            await abort(context, exc)
 
     return wrapper

@@ -19,13 +19,25 @@ from grpc_reflection.v1alpha import reflection
 from raftlog.node import limits
 from raftlog.node.clock import Clock, SystemClock
 from raftlog.node.config import NodeConfig
+from raftlog.node.cluster import ClusterNode
+from raftlog.node.cluster_admin import ClusterService
+from raftlog.node.cluster_services import ClusterConsumersService, ClusterStreamsService
 from raftlog.node.consumer_records import RocksConsumerStore
 from raftlog.node.consumer_service import ConsumersService
 from raftlog.node.consumers import ConsumerManager
-from raftlog.node.storage import GroupCommitter, Storage
+from raftlog.node.forwarding import ChannelPool, RoutingInterceptor
+from raftlog.node.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
 from raftlog.node.stream_service import StreamsService
 from raftlog.node.streams import StreamEngine
-from raftlog.v1 import consumers_pb2, consumers_pb2_grpc, streams_pb2, streams_pb2_grpc
+from raftlog.raft.group import RaftGroup
+from raftlog.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    consumers_pb2,
+    consumers_pb2_grpc,
+    streams_pb2,
+    streams_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +46,7 @@ SERVICE_NAMES = (
     streams_pb2.DESCRIPTOR.services_by_name["Streams"].full_name,
     consumers_pb2.DESCRIPTOR.services_by_name["Consumers"].full_name,
 )
+CLUSTER_SERVICE_NAME = cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name
 
 
 class Node:
@@ -53,29 +66,68 @@ class Node:
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.pool = ChannelPool()
+        self.group: RaftGroup | None = None
+        self.cluster: ClusterNode | None = None
+
+    def _start_raft(self) -> ClusterNode:
+        """Joins the metadata group; must run on the main thread (pysyncobj's tick thread
+        lives as long as the thread that constructs it)."""
+        callbacks: dict[str, ClusterNode] = {}
+        self.group = RaftGroup(
+            self_address=self.config.raft_address,
+            peers=list(self.config.peers),
+            journal_db=self.storage.db,
+            journal_cfs=(CF_RAFT_LOG, CF_RAFT_META),
+            snapshot_path=self.config.data_dir / "raft" / "snapshot.pb",
+            secret=self.config.cluster_secret,
+            on_applied=lambda event: callbacks["cluster"].on_applied(event),
+            on_leader_change=lambda event: callbacks["cluster"].on_leader_change(event),
+            clock=self.clock,
+        )
+        cluster = ClusterNode(config=self.config, group=self.group, engine=self.engine,
+                              consumers=self.consumers, clock=self.clock)
+        callbacks["cluster"] = cluster
+        return cluster
+
+    def _services(self, server: grpc.aio.Server) -> tuple[str, ...]:
+        if self.cluster is None:
+            streams: StreamsService = StreamsService(self.engine)
+            consumers: ConsumersService = ConsumersService(self.consumers)
+        else:
+            streams = ClusterStreamsService(self.engine, self.cluster, self.pool)
+            consumers = ClusterConsumersService(self.consumers, self.cluster)
+            cluster_pb2_grpc.add_ClusterServicer_to_server(
+                ClusterService(self.cluster, self.pool), server)
+        streams_pb2_grpc.add_StreamsServicer_to_server(streams, server)
+        consumers_pb2_grpc.add_ConsumersServicer_to_server(consumers, server)
+        return SERVICE_NAMES if self.cluster is None else (*SERVICE_NAMES, CLUSTER_SERVICE_NAME)
 
     async def start(self) -> None:
         self.committer.start(asyncio.get_running_loop())
         self.engine.load()
         self.engine.start()
-        server = grpc.aio.server(options=[
+        interceptors = []
+        if self.config.raft_address:
+            self.cluster = self._start_raft()
+            await self.cluster.start()
+            interceptors.append(RoutingInterceptor(self.cluster, self.pool))
+        server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
             ("grpc.max_send_message_length", limits.request_bytes_max),
             ("grpc.so_reuseport", 0),
         ])
-        streams_pb2_grpc.add_StreamsServicer_to_server(StreamsService(self.engine), server)
-        consumers_pb2_grpc.add_ConsumersServicer_to_server(ConsumersService(self.consumers),
-                                                           server)
+        names = self._services(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         self.port = server.add_insecure_port(self.config.grpc_address)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.grpc_address}")
         await server.start()
         self.server = server
-        for name in ("", *SERVICE_NAMES):
+        for name in ("", *names):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("node %s serving gRPC on %s", self.config.name, self.config.grpc_address)
 
@@ -83,6 +135,11 @@ class Node:
         await self.health.enter_graceful_shutdown()
         if self.server is not None:
             await self.server.stop(limits.drain_grace_s)
+        if self.cluster is not None:
+            await self.cluster.stop()
+        if self.group is not None:
+            self.group.close()
+        await self.pool.close()
         await self.engine.stop()
         await self.committer.durable()
         self.committer.stop()

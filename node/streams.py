@@ -159,17 +159,23 @@ class StreamEngine:
         types_pb2.StreamInfo, int
     ]:
         stream = self.get(request.name)
-        config = apply_update(stream.config, request)
+        pruned = await self.apply_config(stream.name, apply_update(stream.config, request))
+        return self.info(stream.name), pruned
+
+    async def apply_config(self, name: str, config: types_pb2.StreamConfig) -> int:
+        """Makes a committed config (from the metadata group) the stream's config."""
+        stream = self.get(name)
+        config = validate_config(config)
         stream.record.config.CopyFrom(config)
-        self.consumers.update_stream_subjects(stream.name, list(config.subjects))
+        self.consumers.update_stream_subjects(name, list(config.subjects))
         pruned = await stream.enforce_limits()
         pruned += await stream.expire(now_ms=self._clock.wall_ms())
         batch = self._storage.batch()
-        batch.put(stream.name.encode(), stream.record.SerializeToString(),
+        batch.put(name.encode(), stream.record.SerializeToString(),
                   self._storage.handle(CF_STREAM_STATE))
         self._storage.write(batch)
         await self._committer.durable()
-        return self.info(stream.name), pruned
+        return pruned
 
     async def delete(self, name: str) -> None:
         stream = self.get(name)

@@ -1,0 +1,279 @@
+"""A node's place in the cluster: the metadata group, placement, and keeping the local engine
+in line with what Raft committed.
+
+- Membership: each node registers itself (MemberJoin with its gRPC and Raft addresses) once a
+  leader exists; JoinNode/LeaveNode change the Raft group and the member table one at a time.
+- Placement: the ring over the member table; an existing stream lives where its assignment
+  says (authority override included); a new one goes to the ring owner.
+- Reconciling: every applied command that names a stream queues that stream; one worker
+  brings the local engine to the committed state (create, config change, delete), so a node
+  that restarts, lags or installs a snapshot converges the same way.
+- Watch: applied commands become WatchEvents for every watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from raftlog.node.clock import Clock
+from raftlog.node.config import NodeConfig
+from raftlog.node.consumers import ConsumerManager
+from raftlog.node.errors import RaftlogError, Reason
+from raftlog.node.ring import Ring
+from raftlog.node.streams import StreamEngine
+from raftlog.raft.api import Applied, LeaderChange, MetaGroup, ensure_ok
+from raftlog.raft.state import MetaState, StreamAssignment
+from raftlog.v1 import cluster_pb2, raft_pb2, types_pb2
+
+log = logging.getLogger(__name__)
+
+propose_timeout_s = 5.0  # metadata commands, when the caller set no shorter deadline
+register_retry_s = 0.2  # between attempts to register this node
+reconcile_queue_max = 100_000  # streams waiting to be reconciled
+watch_queue_max = 10_000  # events buffered per watcher; a slower watcher is dropped
+retry_after_ms = 250  # hint sent with NO_LEADER
+
+_WATCH_TYPES = {
+    "stream_create": cluster_pb2.WATCH_EVENT_TYPE_STREAM_CREATED,
+    "stream_update": cluster_pb2.WATCH_EVENT_TYPE_STREAM_UPDATED,
+    "stream_delete": cluster_pb2.WATCH_EVENT_TYPE_STREAM_DELETED,
+    "stream_promote": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
+    "authority_set_override": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
+    "authority_clear_override": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
+    "authority_set_pinned": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
+    "consumer_create": cluster_pb2.WATCH_EVENT_TYPE_CONSUMER_CREATED,
+    "consumer_delete": cluster_pb2.WATCH_EVENT_TYPE_CONSUMER_DELETED,
+    "member_join": cluster_pb2.WATCH_EVENT_TYPE_MEMBER_CHANGED,
+    "member_leave": cluster_pb2.WATCH_EVENT_TYPE_MEMBER_CHANGED,
+    "member_set_status": cluster_pb2.WATCH_EVENT_TYPE_MEMBER_CHANGED,
+}
+
+
+def command_stream(command: raft_pb2.RaftCommand) -> str:
+    """The stream a command is about ('' for member commands)."""
+    kind = command.WhichOneof("command")
+    if kind is None:
+        return ""
+    body = getattr(command, kind)
+    if kind == "stream_create":
+        return str(body.config.name)
+    for field in ("stream", "name"):
+        if hasattr(body, field):
+            return str(getattr(body, field))
+    return ""
+
+
+class ClusterNode:
+    def __init__(self, *, config: NodeConfig, group: MetaGroup, engine: StreamEngine,
+                 consumers: ConsumerManager, clock: Clock) -> None:
+        self.config = config
+        self.node_id = config.name
+        self.group = group
+        self.engine = engine
+        self.consumers = consumers
+        self.clock = clock
+        self._ring: Ring | None = None
+        self._ring_members: tuple[str, ...] = ()
+        self._reconcile: asyncio.Queue[str | None] = asyncio.Queue(reconcile_queue_max)
+        self._queued: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.watchers: set[asyncio.Queue[cluster_pb2.WatchEvent | None]] = set()
+        self.registered = asyncio.Event()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.group.attach_loop(loop)
+        self.queue_all()
+        self._tasks = [loop.create_task(self._reconcile_forever(), name="reconcile"),
+                       loop.create_task(self._register(), name="register")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for watcher in list(self.watchers):
+            watcher.put_nowait(None)
+
+    # ----------------------------------------------------------------- metadata
+
+    @property
+    def state(self) -> MetaState:
+        return self.group.state
+
+    async def propose(self, command: raft_pb2.RaftCommand, *,
+                      timeout_s: float | None = None) -> raft_pb2.RaftResult:
+        """Commits a command; the rejection (or the failure to commit) as RaftlogError."""
+        command.now_ms = command.now_ms or self.clock.wall_ms()
+        timeout = min(timeout_s or propose_timeout_s, propose_timeout_s)
+        try:
+            result = await self.group.propose(command, timeout_s=timeout)
+        except RaftlogError as err:
+            if err.reason in (Reason.NO_LEADER, Reason.TIMEOUT):
+                err.metadata.setdefault("retry_after_ms", str(retry_after_ms))
+            raise
+        return ensure_ok(result)
+
+    def member_address(self, node_id: str) -> str:
+        member = self.state.members.get(node_id)
+        if member is None:
+            raise RaftlogError(Reason.NODE_NOT_FOUND, f"no member {node_id!r}", node=node_id)
+        return member.grpc_address
+
+    def leader_node_id(self) -> str:
+        address = self.group.leader_address()
+        if address is None:
+            return ""
+        for member in list(self.state.members.values()):
+            if member.raft_address == address:
+                return member.node_id
+        return ""
+
+    # ----------------------------------------------------------------- placement
+
+    def ring(self) -> Ring:
+        members = tuple(sorted(self.state.members))
+        if self._ring is None or members != self._ring_members:
+            self._ring = Ring(members)
+            self._ring_members = members
+        return self._ring
+
+    def new_placement(self, config: types_pb2.StreamConfig) -> tuple[str, tuple[str, ...]]:
+        """Primary and replicas for a stream that does not exist yet."""
+        ring = self.ring()
+        replicas = min(config.replicas or 3, len(ring))
+        placement = ring.place(config.name, replicas=replicas)
+        return placement.primary, placement.replicas
+
+    def primary_of(self, stream: str) -> str:
+        assignment = self.state.streams.get(stream)
+        if assignment is not None:
+            return assignment.primary
+        return self.ring().owner(stream)
+
+    def primary_address(self, stream: str) -> str | None:
+        """Router: None when this node serves the stream."""
+        if not self.state.members:
+            raise RaftlogError(Reason.NO_LEADER, "the cluster has no members yet",
+                               retry_after_ms=retry_after_ms)
+        primary = self.primary_of(stream)
+        if primary == self.node_id:
+            return None
+        return self.member_address(primary)
+
+    # ----------------------------------------------------------------- registration
+
+    async def _register(self) -> None:
+        me = raft_pb2.MemberJoin(node_id=self.node_id, raft_address=self.config.raft_address,
+                                 grpc_address=self.config.grpc_address)
+        while True:
+            member = self.state.members.get(self.node_id)
+            if member is not None:
+                if (member.raft_address, member.grpc_address) != (me.raft_address,
+                                                                   me.grpc_address):
+                    log.error("member %s is registered with %s / %s, not %s / %s",
+                              self.node_id, member.raft_address, member.grpc_address,
+                              me.raft_address, me.grpc_address)
+                self.registered.set()
+                return
+            try:
+                await self.propose(raft_pb2.RaftCommand(member_join=me))
+            except RaftlogError as err:
+                if err.reason is not Reason.NODE_EXISTS:
+                    log.debug("registering %s: %s", self.node_id, err)
+                    await asyncio.sleep(register_retry_s)
+
+    # ----------------------------------------------------------------- events
+
+    def on_applied(self, event: Applied) -> None:
+        if event.snapshot_installed or event.command is None:
+            self.queue_all()
+            return
+        stream = command_stream(event.command)
+        if stream:
+            self.queue(stream)
+        if event.result is not None and event.result.ok:
+            self._emit(event, stream)
+
+    def on_leader_change(self, event: LeaderChange) -> None:
+        log.info("raft leader: %s (term %d, this node leads: %s)", event.leader, event.term,
+                 event.is_leader)
+
+    def _emit(self, event: Applied, stream: str) -> None:
+        assert event.command is not None
+        kind = event.command.WhichOneof("command") or ""
+        watch_type = _WATCH_TYPES.get(kind)
+        if watch_type is None or not self.watchers:
+            return
+        body = getattr(event.command, kind)
+        watch = cluster_pb2.WatchEvent(type=watch_type, stream=stream, index=event.index,
+                                       ts_ms=event.command.now_ms)
+        if kind.startswith("consumer_"):
+            watch.consumer = body.consumer if hasattr(body, "consumer") else body.config.name
+        if kind.startswith("member_"):
+            watch.node_id = body.node_id
+        if watch_type == cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED:
+            assignment = self.state.streams.get(stream)
+            if assignment is not None:
+                watch.claimant = assignment.override.claimant if assignment.override else ""
+                watch.fence_epoch = assignment.fence_epoch
+        for watcher in list(self.watchers):
+            if watcher.qsize() >= watch_queue_max:  # too slow: end its stream
+                self.watchers.discard(watcher)
+                watcher.put_nowait(None)
+            else:
+                watcher.put_nowait(watch)
+
+    # ----------------------------------------------------------------- reconciling
+
+    def queue(self, stream: str) -> None:
+        if stream not in self._queued:
+            self._queued.add(stream)
+            self._reconcile.put_nowait(stream)
+
+    def queue_all(self) -> None:
+        with self.group.read_state() as state:
+            names: Iterable[str] = list(state.streams)
+        for name in {*names, *self.engine.streams}:
+            self.queue(name)
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            name = await self._reconcile.get()
+            if name is None:
+                return
+            self._queued.discard(name)
+            try:
+                await self.reconcile(name)
+            except Exception:
+                log.exception("reconciling stream %s failed; retrying", name)
+                await asyncio.sleep(register_retry_s)
+                self.queue(name)
+
+    async def reconcile(self, name: str) -> None:
+        """Brings the local copy of one stream in line with the committed assignment."""
+        assignment = self.state.streams.get(name)
+        local = self.engine.streams.get(name)
+        if assignment is None:
+            if local is not None:
+                log.info("stream %s was deleted; removing the local copy", name)
+                await self.engine.delete(name)
+            return
+        if assignment.primary != self.node_id:
+            return
+        if local is None:
+            log.info("stream %s is assigned here; creating it", name)
+            await self.engine.create(assignment.config)
+        elif local.config != assignment.config:
+            await self.engine.apply_config(name, assignment.config)
+        await self._reconcile_consumers(assignment)
+
+    async def _reconcile_consumers(self, assignment: StreamAssignment) -> None:
+        committed = self.state.consumers.get(assignment.name, {})
+        local = {info.config.name for info in self.consumers.list(assignment.name)}
+        for name, consumer in list(committed.items()):
+            if name not in local:
+                await self.consumers.create(assignment.name, consumer.config)

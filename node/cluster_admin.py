@@ -1,0 +1,235 @@
+"""The admin `Cluster` service: status, membership changes, route explanations, authority
+overrides, cluster-wide stream stats and the watch stream."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from raftlog.node import rpc, subjects
+from raftlog.node.cluster import ClusterNode
+from raftlog.node.cluster_services import list_node
+from raftlog.node.errors import RaftlogError, Reason
+from raftlog.node.forwarding import ChannelPool, outgoing_metadata, relay_error, remaining_s
+from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, raft_pb2
+
+Context = grpc.aio.ServicerContext[Any, Any]
+fanout_timeout_s = 5.0
+membership_timeout_s = 10.0
+
+_HEALTH = {
+    raft_pb2.MEMBER_STATUS_ALIVE: cluster_pb2.NODE_HEALTH_ALIVE,
+    raft_pb2.MEMBER_STATUS_SUSPECT: cluster_pb2.NODE_HEALTH_SUSPECT,
+    raft_pb2.MEMBER_STATUS_DEAD: cluster_pb2.NODE_HEALTH_DEAD,
+}
+
+
+def skew(values: list[int]) -> float:
+    """max / mean (1.0 = even; 0.0 when there is nothing)."""
+    mean = statistics.fmean(values) if values else 0.0
+    return max(values) / mean if mean else 0.0
+
+
+class ClusterService(cluster_pb2_grpc.ClusterServicer):
+    def __init__(self, cluster: ClusterNode, pool: ChannelPool) -> None:
+        self._cluster = cluster
+        self._pool = pool
+
+    def _status(self) -> cluster_pb2.ClusterStatus:
+        group = self._cluster.group.status()
+        connected = {peer.address: peer.connected for peer in group.peers}
+        leader = self._cluster.leader_node_id()
+        nodes = []
+        with self._cluster.group.read_state() as state:
+            for member in sorted(state.members.values(), key=lambda m: m.node_id):
+                held = [s for s in state.streams.values() if member.node_id in s.replicas]
+                nodes.append(cluster_pb2.NodeStatus(
+                    node_id=member.node_id, raft_address=member.raft_address,
+                    grpc_address=member.grpc_address,
+                    health=_HEALTH.get(member.status, cluster_pb2.NODE_HEALTH_UNKNOWN),
+                    raft_leader=member.node_id == leader and bool(leader),
+                    connected=(member.node_id == self._cluster.node_id
+                               or connected.get(member.raft_address, False)),
+                    joined_ms=member.joined_ms,
+                    primaries=sum(1 for s in held if s.primary == member.node_id),
+                    replicas=len(held)))
+        return cluster_pb2.ClusterStatus(
+            nodes=nodes, raft_leader=leader, raft_term=group.term,
+            commit_index=group.commit_index, applied_index=group.applied_index,
+            answered_by=self._cluster.node_id)
+
+    @rpc.unary
+    async def GetClusterStatus(self, request: cluster_pb2.GetClusterStatusRequest,
+                               context: Context) -> cluster_pb2.ClusterStatus:
+        return self._status()
+
+    async def _on_leader(self, method: str, request: Any, context: Context) -> Any:
+        """Sends a membership call to the Raft leader; None when this node leads."""
+        if self._cluster.group.is_leader():
+            return None
+        leader = self._cluster.leader_node_id()
+        if not leader:
+            raise RaftlogError(Reason.NO_LEADER, "the cluster has no Raft leader",
+                               retry_after_ms=250)
+        stub = cluster_pb2_grpc.ClusterStub(  # type: ignore[no-untyped-call]
+            self._pool.get(self._cluster.member_address(leader)))
+        try:
+            return await getattr(stub, method)(request, metadata=outgoing_metadata(context),
+                                               timeout=remaining_s(context))
+        except grpc.aio.AioRpcError as err:
+            await relay_error(context, err, leader)
+            raise
+
+    @rpc.unary
+    async def JoinNode(self, request: cluster_pb2.JoinNodeRequest,
+                       context: Context) -> cluster_pb2.ClusterStatus:
+        subjects.validate_name(request.node_id, what="node")
+        if not request.raft_address or not request.grpc_address:
+            raise RaftlogError(Reason.INVALID_ARGUMENT, "raft_address and grpc_address are "
+                               "required")
+        forwarded = await self._on_leader("JoinNode", request, context)
+        if forwarded is not None:
+            return forwarded  # type: ignore[no-any-return]
+        state = self._cluster.state
+        if request.node_id in state.members:
+            raise RaftlogError(Reason.NODE_EXISTS, f"node {request.node_id!r} is a member",
+                               node=request.node_id)
+        if any(m.raft_address == request.raft_address or m.grpc_address == request.grpc_address
+               for m in state.members.values()):
+            raise RaftlogError(Reason.NODE_EXISTS, "a member already uses that address")
+        await self._cluster.group.add_member(request.raft_address,
+                                             timeout_s=membership_timeout_s)
+        await self._cluster.propose(raft_pb2.RaftCommand(member_join=raft_pb2.MemberJoin(
+            node_id=request.node_id, raft_address=request.raft_address,
+            grpc_address=request.grpc_address)))
+        return self._status()
+
+    @rpc.unary
+    async def LeaveNode(self, request: cluster_pb2.LeaveNodeRequest,
+                        context: Context) -> cluster_pb2.ClusterStatus:
+        subjects.validate_name(request.node_id, what="node")
+        forwarded = await self._on_leader("LeaveNode", request, context)
+        if forwarded is not None:
+            return forwarded  # type: ignore[no-any-return]
+        member = self._cluster.state.members.get(request.node_id)
+        if member is None:
+            raise RaftlogError(Reason.NODE_NOT_FOUND, f"no member {request.node_id!r}",
+                               node=request.node_id)
+        if request.node_id == self._cluster.node_id:
+            raise RaftlogError(Reason.MEMBERSHIP_CHANGE_IN_PROGRESS,
+                               "the Raft leader cannot remove itself; ask another node after "
+                               "it steps down", node=request.node_id)
+        await self._cluster.propose(raft_pb2.RaftCommand(
+            member_leave=raft_pb2.MemberLeave(node_id=request.node_id)))
+        await self._cluster.group.remove_member(member.raft_address,
+                                                timeout_s=membership_timeout_s)
+        return self._status()
+
+    @rpc.unary
+    async def ExplainRoute(self, request: cluster_pb2.ExplainRouteRequest,
+                           context: Context) -> cluster_pb2.RouteExplanation:
+        subjects.validate_name(request.stream, what="stream")
+        ring = self._cluster.ring()
+        assignment = self._cluster.state.streams.get(request.stream)
+        if assignment is None:
+            placement = ring.place(request.stream, replicas=min(3, len(ring)))
+            explanation = cluster_pb2.RouteExplanation(
+                stream=request.stream, exists=False, ring_owner=placement.ring_owner,
+                primary=placement.primary, replicas=placement.replicas,
+                reason=f"the stream does not exist; it would be created on the ring owner: "
+                       f"{placement.reason}")
+        else:
+            override = assignment.override
+            owner = ring.owner(request.stream)
+            if override is not None:
+                why = (f"authority override to {override.claimant} at fence epoch "
+                       f"{override.fence_epoch}" + (" (pinned)" if override.pinned else ""))
+            elif assignment.primary == owner:
+                why = f"{owner} owns the stream's position on the ring"
+            else:
+                why = (f"{assignment.primary} was made primary at fence epoch "
+                       f"{assignment.fence_epoch} (failover or migration); the ring owner "
+                       f"is {owner}")
+            explanation = cluster_pb2.RouteExplanation(
+                stream=request.stream, exists=True, ring_owner=owner,
+                primary=assignment.primary, replicas=assignment.replicas,
+                override_claimant=override.claimant if override else "",
+                pinned=bool(override and override.pinned),
+                fence_epoch=assignment.fence_epoch,
+                epoch_start_seq=assignment.epoch_start_seq, reason=why)
+        primary = self._cluster.state.members.get(explanation.primary)
+        explanation.primary_grpc_address = primary.grpc_address if primary else ""
+        return explanation
+
+    @rpc.unary
+    async def ListAuthorityOverrides(
+        self, request: cluster_pb2.ListAuthorityOverridesRequest, context: Context
+    ) -> cluster_pb2.ListAuthorityOverridesResponse:
+        with self._cluster.group.read_state() as state:
+            entries = [
+                cluster_pb2.AuthorityOverrideEntry(
+                    stream=name, claimant=s.override.claimant, fence_epoch=s.override.fence_epoch,
+                    pinned=s.override.pinned, set_ms=s.override.set_ms)
+                for name, s in sorted(state.streams.items()) if s.override is not None]
+        return cluster_pb2.ListAuthorityOverridesResponse(overrides=entries)
+
+    @rpc.unary
+    async def ClearStreamAuthority(self, request: cluster_pb2.ClearStreamAuthorityRequest,
+                                   context: Context) -> cluster_pb2.ClearStreamAuthorityResponse:
+        subjects.validate_name(request.stream, what="stream")
+        result = await self._cluster.propose(raft_pb2.RaftCommand(
+            authority_clear_override=raft_pb2.AuthorityClearOverride(stream=request.stream)),
+            timeout_s=context.time_remaining())
+        return cluster_pb2.ClearStreamAuthorityResponse(cleared=result.changed)
+
+    @rpc.unary
+    async def SetStreamPinned(self, request: cluster_pb2.SetStreamPinnedRequest,
+                              context: Context) -> cluster_pb2.SetStreamPinnedResponse:
+        subjects.validate_name(request.stream, what="stream")
+        await self._cluster.propose(raft_pb2.RaftCommand(
+            authority_set_pinned=raft_pb2.AuthoritySetPinned(stream=request.stream,
+                                                             pinned=request.pinned)),
+            timeout_s=context.time_remaining())
+        return cluster_pb2.SetStreamPinnedResponse()
+
+    @rpc.unary
+    async def GetClusterStreamStats(self, request: cluster_pb2.GetClusterStreamStatsRequest,
+                                    context: Context) -> cluster_pb2.ClusterStreamStats:
+        with self._cluster.group.read_state() as state:
+            members = {m.node_id: m.grpc_address for m in state.members.values()}
+            primaries = {name: s.primary for name, s in state.streams.items()}
+        replies = await asyncio.gather(*(
+            list_node(self._pool, address, timeout_s=min(remaining_s(context), fanout_timeout_s))
+            for address in members.values()))
+        stats = cluster_pb2.ClusterStreamStats()
+        for node_id, infos in zip(members, replies, strict=True):
+            mine = [i for i in infos or () if primaries.get(i.config.name) == node_id]
+            stats.nodes.add(node_id=node_id, streams=len(mine), reachable=infos is not None,
+                            messages=sum(i.state.messages for i in mine),
+                            bytes=sum(i.state.bytes for i in mine))
+            for info in mine:
+                stats.streams.add(stream=info.config.name, primary=node_id,
+                                  messages=info.state.messages, bytes=info.state.bytes,
+                                  last_seq=info.state.last_seq, consumers=info.state.consumers)
+        reachable = [n for n in stats.nodes if n.reachable]
+        stats.stream_skew = skew([n.streams for n in reachable])
+        stats.bytes_skew = skew([n.bytes for n in reachable])
+        return stats
+
+    @rpc.server_stream
+    async def WatchStreams(self, request: cluster_pb2.WatchStreamsRequest,
+                           context: Context) -> AsyncIterator[cluster_pb2.WatchEvent]:
+        queue: asyncio.Queue[cluster_pb2.WatchEvent | None] = asyncio.Queue()
+        self._cluster.watchers.add(queue)
+        try:
+            while True:
+                event = await queue.get()
+                if event is None:
+                    return
+                yield event
+        finally:
+            self._cluster.watchers.discard(queue)
