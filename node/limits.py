@@ -18,6 +18,7 @@ msg_id_bytes_max = 256
 request_bytes_max = 16 * 1024 * 1024  # gRPC receive limit of a node
 batch_messages_max = 10_000  # entries of one PublishBatch
 stream_publish_inflight_max = 1_000  # PublishStream entries awaiting durability per call
+stream_publish_chunk_max = 256  # PublishStream entries of one stream staged together
 fetch_batch_max = 10_000
 fetch_wait_ms_max = 60_000
 fetch_bytes_max = 8 * 1024 * 1024  # payload bytes in one FetchResponse
@@ -54,3 +55,7 @@ subscribe_heartbeat_ms_default = 5_000
 
 # Shutdown.
 drain_grace_s = 5.0
+
+# Consumers (appended).
+acked_above_floor_max = 100_000  # acked seqs above a consumer's ack floor; new deliveries pause
+subscribe_heartbeat_ms_min = 100  # a shorter heartbeat would make an idle Subscribe spin

@@ -41,13 +41,15 @@ class SubjectStat:
     last_seq: int
 
 
-Draft = streams_pb2.PublishEntry  # one message to publish, as the API hands it over
+# One message to publish, as the API hands it over: a batch entry or a request (their field
+# numbers agree, and a stored message is the draft's own bytes plus ts_ms and epoch).
+Draft = streams_pb2.PublishEntry | streams_pb2.PublishRequest
 
 
 def draft(subject: str, payload: bytes = b"", *, headers: Sequence[tuple[str, str]] = (),
           msg_id: str = "", expected_last_seq: int | None = None,
           expected_last_subject_seq: int | None = None) -> Draft:
-    entry = streams_pb2.PublishEntry(
+    entry: Draft = streams_pb2.PublishEntry(
         subject=subject, payload=payload, msg_id=msg_id,
         headers=[types_pb2.Header(key=k, value=v) for k, v in headers],
     )
@@ -512,8 +514,8 @@ class Stream:
                 results.append(err)
                 continue
             seq = record.last_seq + 1
-            if expects:
-                entry = self._without_expectations(entry)
+            if expects or isinstance(entry, streams_pb2.PublishRequest):
+                entry = self._stored_form(entry)
             seq_key = pack(seq)
             batch.put(message_prefix + seq_key, entry.SerializeToString() + tail, messages_cf)
             batch.put(index_prefix + seq_key, b"", subjects_cf)
@@ -543,11 +545,10 @@ class Stream:
         return results, wait_seq
 
     @staticmethod
-    def _without_expectations(entry: Draft) -> Draft:
-        stripped = streams_pb2.PublishEntry()
-        stripped.CopyFrom(entry)
-        stripped.ClearField("expected_last_seq")
-        stripped.ClearField("expected_last_subject_seq")
+    def _stored_form(entry: Draft) -> streams_pb2.PublishEntry:
+        """The entry without the fields that are not stored (expectations, stream)."""
+        stripped = streams_pb2.PublishEntry(subject=entry.subject, payload=entry.payload,
+                                            headers=entry.headers, msg_id=entry.msg_id)
         return stripped
 
     def _remember(self, batch: WriteBatch, msg_id: str, *, seq: int, now_ms: int) -> None:

@@ -9,21 +9,11 @@ import grpc
 
 from raftlog.node import limits, rpc, subjects
 from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.stream import Appended, Draft
+from raftlog.node.stream import Appended
 from raftlog.node.streams import StreamEngine
 from raftlog.v1 import streams_pb2, streams_pb2_grpc, types_pb2
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def _draft(request: streams_pb2.PublishRequest) -> Draft:
-    entry = Draft(subject=request.subject, payload=request.payload, headers=request.headers,
-                  msg_id=request.msg_id)
-    if request.HasField("expected_last_seq"):
-        entry.expected_last_seq = request.expected_last_seq
-    if request.HasField("expected_last_subject_seq"):
-        entry.expected_last_subject_seq = request.expected_last_subject_seq
-    return entry
 
 
 def _result(stream: str, outcome: Appended | RaftlogError) -> streams_pb2.PublishResult:
@@ -139,7 +129,7 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
     async def Publish(self, request: streams_pb2.PublishRequest,
                       context: Context) -> streams_pb2.PublishAck:
         subjects.validate_name(request.stream, what="stream")
-        (outcome,) = await self._engine.publish(request.stream, [_draft(request)])
+        (outcome,) = await self._engine.publish(request.stream, [request])
         if isinstance(outcome, RaftlogError):
             raise outcome
         return streams_pb2.PublishAck(stream=request.stream, seq=outcome.seq,
@@ -172,25 +162,37 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
         names: list[str] = []
         outcomes: list[Appended | RaftlogError] = []
         pending: dict[str, int] = {}
+        chunk: list[streams_pb2.PublishRequest] = []
         staged = 0
         async for request in requests:
-            names.append(request.stream)
-            try:
-                subjects.validate_name(request.stream, what="stream")
-                stream = self._engine.get(request.stream)
-                (outcome,), wait_seq = stream.publish_staged([_draft(request)])
-            except RaftlogError as err:
-                outcomes.append(err)
-                continue
-            outcomes.append(outcome)
-            if wait_seq:
-                pending[request.stream] = max(pending.get(request.stream, 0), wait_seq)
-                staged += 1
+            if chunk and (request.stream != chunk[0].stream
+                          or len(chunk) >= limits.stream_publish_chunk_max):
+                staged += self._stage(chunk, names, outcomes, pending)
+                chunk = []
+            chunk.append(request)
             if staged >= limits.stream_publish_inflight_max:
                 await self._commit(pending)
                 staged = 0
+        if chunk:
+            self._stage(chunk, names, outcomes, pending)
         await self._commit(pending)
         return _batch_response(names, outcomes)
+
+    def _stage(self, chunk: list[streams_pb2.PublishRequest], names: list[str],
+               outcomes: list[Appended | RaftlogError], pending: dict[str, int]) -> int:
+        """Stages a run of messages for one stream; returns how many were staged."""
+        name = chunk[0].stream
+        names.extend([name] * len(chunk))
+        try:
+            subjects.validate_name(name, what="stream")
+            results, wait_seq = self._engine.get(name).publish_staged(chunk)
+        except RaftlogError as err:
+            outcomes.extend([err] * len(chunk))
+            return 0
+        outcomes.extend(results)
+        if wait_seq:
+            pending[name] = max(pending.get(name, 0), wait_seq)
+        return len(chunk)
 
     async def _commit(self, pending: dict[str, int]) -> None:
         for name, wait_seq in pending.items():

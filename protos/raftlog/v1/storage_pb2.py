@@ -26,7 +26,7 @@ from raftlog.v1 import types_pb2 as raftlog_dot_v1_dot_types__pb2
 from raftlog.v1 import consumers_pb2 as raftlog_dot_v1_dot_consumers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18raftlog/v1/storage.proto\x12\nraftlog.v1\x1a\x16raftlog/v1/types.proto\x1a\x1araftlog/v1/consumers.proto\"\x90\x01\n\rStoredMessage\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12#\n\x07headers\x18\x03 \x03(\x0b\x32\x12.raftlog.v1.Header\x12\x0e\n\x06msg_id\x18\x04 \x01(\t\x12\r\n\x05ts_ms\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"\xb4\x01\n\x0cStreamRecord\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12(\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x18.raftlog.v1.StreamConfig\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x10\n\x08messages\x18\x07 \x01(\x04\x12\r\n\x05\x62ytes\x18\x08 \x01(\x04\"\xc5\x02\n\x0e\x43onsumerRecord\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.raftlog.v1.ConsumerConfig\x12\x12\n\ncreated_ms\x18\x02 \x01(\x03\x12\x15\n\rdelivered_seq\x18\x03 \x01(\x04\x12\x11\n\tack_floor\x18\x04 \x01(\x04\x12\r\n\x05\x61\x63ked\x18\x05 \x03(\x04\x12>\n\ndeliveries\x18\x06 \x03(\x0b\x32*.raftlog.v1.ConsumerRecord.DeliveriesEntry\x12\x19\n\x11num_dead_lettered\x18\x07 \x01(\x04\x12\x12\n\nstart_seqs\x18\x08 \x03(\x04\x12\x18\n\x10start_resume_seq\x18\t \x01(\x04\x1a\x31\n\x0f\x44\x65liveriesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18raftlog/v1/storage.proto\x12\nraftlog.v1\x1a\x16raftlog/v1/types.proto\x1a\x1araftlog/v1/consumers.proto\"\x96\x01\n\rStoredMessage\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12#\n\x07headers\x18\x03 \x03(\x0b\x32\x12.raftlog.v1.Header\x12\x0e\n\x06msg_id\x18\x04 \x01(\t\x12\r\n\x05ts_ms\x18\x08 \x01(\x03\x12\r\n\x05\x65poch\x18\t \x01(\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08\"\xb4\x01\n\x0cStreamRecord\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12(\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x18.raftlog.v1.StreamConfig\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x10\n\x08messages\x18\x07 \x01(\x04\x12\r\n\x05\x62ytes\x18\x08 \x01(\x04\"\xc5\x02\n\x0e\x43onsumerRecord\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.raftlog.v1.ConsumerConfig\x12\x12\n\ncreated_ms\x18\x02 \x01(\x03\x12\x15\n\rdelivered_seq\x18\x03 \x01(\x04\x12\x11\n\tack_floor\x18\x04 \x01(\x04\x12\r\n\x05\x61\x63ked\x18\x05 \x03(\x04\x12>\n\ndeliveries\x18\x06 \x03(\x0b\x32*.raftlog.v1.ConsumerRecord.DeliveriesEntry\x12\x19\n\x11num_dead_lettered\x18\x07 \x01(\x04\x12\x12\n\nstart_seqs\x18\x08 \x03(\x04\x12\x18\n\x10start_resume_seq\x18\t \x01(\x04\x1a\x31\n\x0f\x44\x65liveriesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONSUMERRECORD_DELIVERIESENTRY']._loaded_options = None
   _globals['_CONSUMERRECORD_DELIVERIESENTRY']._serialized_options = b'8\001'
   _globals['_STOREDMESSAGE']._serialized_start=93
-  _globals['_STOREDMESSAGE']._serialized_end=237
-  _globals['_STREAMRECORD']._serialized_start=240
-  _globals['_STREAMRECORD']._serialized_end=420
-  _globals['_CONSUMERRECORD']._serialized_start=423
-  _globals['_CONSUMERRECORD']._serialized_end=748
-  _globals['_CONSUMERRECORD_DELIVERIESENTRY']._serialized_start=699
-  _globals['_CONSUMERRECORD_DELIVERIESENTRY']._serialized_end=748
+  _globals['_STOREDMESSAGE']._serialized_end=243
+  _globals['_STREAMRECORD']._serialized_start=246
+  _globals['_STREAMRECORD']._serialized_end=426
+  _globals['_CONSUMERRECORD']._serialized_start=429
+  _globals['_CONSUMERRECORD']._serialized_end=754
+  _globals['_CONSUMERRECORD_DELIVERIESENTRY']._serialized_start=705
+  _globals['_CONSUMERRECORD_DELIVERIESENTRY']._serialized_end=754
 # @@protoc_insertion_point(module_scope)

@@ -483,16 +483,17 @@ Global___ScanExactAtSubjectResponse: _TypeAlias = ScanExactAtSubjectResponse  # 
 
 @_typing.final
 class PublishRequest(_message.Message):
+    """Fields 1-6 have PublishEntry's numbers and types (a node stores either as is)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    STREAM_FIELD_NUMBER: _builtins.int
     SUBJECT_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     HEADERS_FIELD_NUMBER: _builtins.int
     MSG_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_LAST_SEQ_FIELD_NUMBER: _builtins.int
     EXPECTED_LAST_SUBJECT_SEQ_FIELD_NUMBER: _builtins.int
-    stream: _builtins.str
+    STREAM_FIELD_NUMBER: _builtins.int
     subject: _builtins.str
     payload: _builtins.bytes
     msg_id: _builtins.str
@@ -501,18 +502,19 @@ class PublishRequest(_message.Message):
     """Publish only if the stream's last seq equals this (0 = the stream is empty)."""
     expected_last_subject_seq: _builtins.int
     """Publish only if the last seq at `subject` equals this (0 = never published to)."""
+    stream: _builtins.str
     @_builtins.property
     def headers(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Header]: ...
     def __init__(
         self,
         *,
-        stream: _builtins.str = ...,
         subject: _builtins.str = ...,
         payload: _builtins.bytes = ...,
         headers: _abc.Iterable[_types_pb2.Header] | None = ...,
         msg_id: _builtins.str = ...,
         expected_last_seq: _builtins.int | None = ...,
         expected_last_subject_seq: _builtins.int | None = ...,
+        stream: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "_expected_last_subject_seq", b"_expected_last_subject_seq", "expected_last_seq", b"expected_last_seq", "expected_last_subject_seq", b"expected_last_subject_seq"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -557,7 +559,7 @@ Global___PublishAck: _TypeAlias = PublishAck  # noqa: Y015
 
 @_typing.final
 class PublishEntry(_message.Message):
-    """One message of a batch; the batch names the stream."""
+    """One message of a batch; the batch names the stream. Field numbers match PublishRequest's."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -1,0 +1,586 @@
+"""Single-node benchmark of raftlog, side by side with NATS JetStream R1 in the same run.
+
+Starts its own `raftlog node` on a free loopback port with a fresh data directory, measures with
+a grpc.aio client (128-byte messages):
+
+    unary publish, 1 and 8 callers        msgs/s, per-call p50/p99 ms
+    batch publish, 100 and 1000 per call  msgs/s, several calls in flight
+    client-streaming publish              msgs/s
+    fetch + ack, batch 100 and 1000       msgs/s, one Ack call per fetch (pipelined)
+
+then stops the node (by its pid) and runs `../shared/peers/jetstream/run --replicas 1 --phases
+pub`, and prints the ratio raftlog/JetStream for each comparable figure with its target. A table
+goes to stderr, ONE JSON document to stdout. Every phase is bounded in messages and in time; the
+peer has a hard time limit. Exit status 1 when a phase or the peer failed (the JSON says which).
+
+    scripts/bench                 full run, about 4 minutes with the peer
+    scripts/bench --quick         small counts (about 30 s without the peer)
+    scripts/bench --no-peer       skip JetStream
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raftlog.node import cli_format as fmt
+from raftlog.node import loadgen
+from raftlog.node.client import Client, describe_failure
+from raftlog.v1 import consumers_pb2, streams_pb2, types_pb2
+
+ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
+PEER_RUN = ROOT.parent / "shared" / "peers" / "jetstream" / "run"
+SCHEMA = "raftlog-bench/1"
+
+payload_bytes = 128
+stream_name = "bench"
+subject = "bench.data"
+warmup_msgs = 200
+settle_s = 0.5  # pause after os.sync() before each timed phase, as the JetStream peer does
+node_start_timeout_s = 30.0
+node_stop_timeout_s = 15.0
+peer_timeout_s = 1200.0
+peer_timeout_quick_s = 400.0
+consumer_max_ack_pending = 50_000  # room for the pipelined acks of a fetch loop
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Messages per phase (the first bound) and seconds per phase (the second)."""
+
+    unary_1_msgs: int
+    unary_8_msgs: int
+    batch_100_msgs: int
+    batch_1000_msgs: int
+    stream_msgs: int
+    fetch_msgs: int
+    phase_time_s: float
+    batch_inflight: int = 4
+    stream_per_call: int = 10_000
+    stream_inflight: int = 2
+
+
+FULL = Plan(
+    unary_1_msgs=10_000,
+    unary_8_msgs=30_000,
+    batch_100_msgs=300_000,
+    batch_1000_msgs=600_000,
+    stream_msgs=200_000,
+    fetch_msgs=300_000,
+    phase_time_s=20.0,
+)
+QUICK = Plan(
+    unary_1_msgs=500,
+    unary_8_msgs=2_000,
+    batch_100_msgs=20_000,
+    batch_1000_msgs=50_000,
+    stream_msgs=20_000,
+    fetch_msgs=30_000,
+    phase_time_s=5.0,
+    stream_per_call=5_000,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The node under test.
+
+
+class BenchNode:
+    """A `raftlog node` child process; stopped by its pid (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.data_dir = workdir / "data"
+        self.log_path = workdir / "node.log"
+        self.address = f"127.0.0.1:{_free_port()}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BenchNode:
+        command = [
+            sys.executable,
+            "-m",
+            "raftlog.node.cli",
+            "node",
+            "--data",
+            str(self.data_dir),
+            "--grpc",
+            self.address,
+            "--log-level",
+            "WARNING",
+        ]
+        with open(self.log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        if not asyncio.run(self._wait_serving()):
+            self.stop()
+            raise RuntimeError(f"the node did not start; its log:\n{self.log_tail()}")
+        return self
+
+    async def _wait_serving(self) -> bool:
+        deadline = time.monotonic() + node_start_timeout_s
+        async with Client(self.address, timeout_s=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc is None or self.proc.poll() is not None:
+                    return False
+                if await client.wait_serving(timeout_s=1.0):
+                    return True
+        return False
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the node so far (from /proc)."""
+        if self.proc is None:
+            return 0.0
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=node_stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=node_stop_timeout_s)
+        return self.proc.returncode
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# ---------------------------------------------------------------------------------------------
+# raftlog phases.
+
+Phase = Callable[[], Awaitable[loadgen.LoadResult]]
+
+
+async def _measure(name: str, node: BenchNode, phase: Phase) -> dict[str, Any]:
+    """Runs one timed phase after a machine-wide sync and a pause; adds CPU figures."""
+    os.sync()
+    await asyncio.sleep(settle_s)
+    node_cpu_s, client_cpu_s = node.cpu_s(), time.process_time()
+    result = await phase()
+    summary = result.summary()
+    if result.elapsed_s > 0:
+        summary["server_cpu_pct"] = round(100 * (node.cpu_s() - node_cpu_s) / result.elapsed_s, 1)
+        summary["client_cpu_pct"] = round(
+            100 * (time.process_time() - client_cpu_s) / result.elapsed_s, 1
+        )
+    line = f"{name:<22} {result.msgs_per_s:>10,.0f} msgs/s  p50 {summary['p50_ms']:.3f} ms"
+    _log(line + (f"  {result.first_error}" if result.first_error else ""))
+    return summary
+
+
+async def run_raftlog(node: BenchNode, plan: Plan) -> dict[str, Any]:
+    payload = os.urandom(payload_bytes)
+    async with Client(node.address, timeout_s=30.0) as client:
+        await client.streams.CreateStream(
+            streams_pb2.CreateStreamRequest(
+                config=types_pb2.StreamConfig(name=stream_name, subjects=[subject], replicas=1)
+            ),
+            timeout=client.deadline_s(),
+        )
+        common: dict[str, Any] = {
+            "stream": stream_name,
+            "subject": subject,
+            "payload": payload,
+            "time_limit_s": plan.phase_time_s,
+        }
+        await loadgen.publish_unary(
+            client, **{**common, "time_limit_s": 10.0}, count=warmup_msgs, callers=1
+        )
+
+        unary = functools.partial(loadgen.publish_unary, client, **common)
+        batch = functools.partial(
+            loadgen.publish_batch, client, **common, inflight=plan.batch_inflight
+        )
+        stream = functools.partial(
+            loadgen.publish_stream,
+            client,
+            **common,
+            count=plan.stream_msgs,
+            per_call=plan.stream_per_call,
+            inflight=plan.stream_inflight,
+        )
+        results: dict[str, Any] = {
+            "unary_publish": {
+                "callers_1": await _measure(
+                    "unary, 1 caller",
+                    node,
+                    functools.partial(unary, count=plan.unary_1_msgs, callers=1),
+                ),
+                "callers_8": await _measure(
+                    "unary, 8 callers",
+                    node,
+                    functools.partial(unary, count=plan.unary_8_msgs, callers=8),
+                ),
+            },
+            "batch_publish": {
+                "batch_100": await _measure(
+                    "batch of 100",
+                    node,
+                    functools.partial(batch, count=plan.batch_100_msgs, batch=100),
+                ),
+                "batch_1000": await _measure(
+                    "batch of 1000",
+                    node,
+                    functools.partial(batch, count=plan.batch_1000_msgs, batch=1000),
+                ),
+            },
+            "stream_publish": await _measure("client streaming", node, stream),
+            "fetch_ack": {},
+        }
+        for key in ("batch_100", "batch_1000"):
+            results["batch_publish"][key]["calls_in_flight"] = plan.batch_inflight
+        results["stream_publish"].update(
+            per_call=plan.stream_per_call, calls_in_flight=plan.stream_inflight
+        )
+        for fetch_batch in (100, 1000):
+            consumer = f"fetch{fetch_batch}"
+            await client.consumers.CreateConsumer(
+                consumers_pb2.CreateConsumerRequest(
+                    stream=stream_name,
+                    config=consumers_pb2.ConsumerConfig(
+                        name=consumer, max_ack_pending=consumer_max_ack_pending
+                    ),
+                ),
+                timeout=client.deadline_s(),
+            )
+            fetch = functools.partial(
+                loadgen.fetch_ack,
+                client,
+                stream=stream_name,
+                consumer=consumer,
+                count=plan.fetch_msgs,
+                batch=fetch_batch,
+                time_limit_s=plan.phase_time_s,
+            )
+            summary = await _measure(f"fetch+ack, batch {fetch_batch}", node, fetch)
+            summary["batch"] = fetch_batch
+            results["fetch_ack"][f"batch_{fetch_batch}"] = summary
+        info = await client.streams.GetStreamInfo(
+            streams_pb2.GetStreamInfoRequest(name=stream_name), timeout=client.deadline_s()
+        )
+        results["stream_state"] = fmt.proto_dict(info.state)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The JetStream peer.
+
+
+def run_peer(*, quick: bool) -> dict[str, Any]:
+    """Runs the peer (its progress goes to our stderr); its JSON, or {"error": ...}."""
+    if not os.access(PEER_RUN, os.X_OK):
+        return {"error": f"{PEER_RUN} not found or not executable"}
+    command = [str(PEER_RUN), "--replicas", "1", "--phases", "pub", *(["--quick"] if quick else [])]
+    _log(f"running {' '.join(command)}")
+    timeout_s = peer_timeout_quick_s if quick else peer_timeout_s
+    try:
+        completed = subprocess.run(
+            command,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+            check=False,
+            cwd=tempfile.gettempdir(),
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"the peer did not finish within {timeout_s:.0f} s"}
+    if completed.returncode != 0:
+        return {"error": f"the peer exited with status {completed.returncode}"}
+    try:
+        document: dict[str, Any] = json.loads(completed.stdout)
+    except json.JSONDecodeError as exc:
+        return {"error": f"the peer printed no JSON: {exc}"}
+    return document
+
+
+def peer_figures(peer: dict[str, Any]) -> dict[str, Any]:
+    """The R1 medians the ratios use, plus the peer's own facts."""
+    r1 = peer.get("summary", {}).get("R1", {})
+
+    def median(phase: str, figure: str) -> float | None:
+        value = r1.get(phase, {}).get(figure, {}).get("median")
+        return float(value) if value is not None else None
+
+    return {
+        "sync_publish_msgs_per_s": median("sync_publish", "msgs_per_s"),
+        "sync_publish_p50_ms": median("sync_publish", "p50_ms"),
+        "sync_publish_p99_ms": median("sync_publish", "p99_ms"),
+        "publish_async_msgs_per_s": median("publish_async", "msgs_per_s"),
+        "gather_publish_msgs_per_s": median("gather_publish", "msgs_per_s"),
+        "pull_consume_msgs_per_s": median("pull_consume", "msgs_per_s"),
+        "pull_consume_batch": r1.get("pull_consume", {}).get("batch"),
+        "nats_server": peer.get("meta", {}).get("nats_server"),
+        "fsync_per_ack": peer.get("meta", {}).get("cluster", {}).get("fsync_per_ack"),
+        "checks": peer.get("checks"),
+        "duration_s": peer.get("meta", {}).get("duration_s"),
+    }
+
+
+# (name, raftlog figure path, JetStream figure, target op, target value); "<=" means lower is
+# better (latency), ">=" higher (throughput); None = shown without a target.
+COMPARISONS: tuple[tuple[str, tuple[str, ...], str, str | None, float | None], ...] = (
+    (
+        "batch_100_vs_publish_async",
+        ("batch_publish", "batch_100", "msgs_per_s"),
+        "publish_async_msgs_per_s",
+        ">=",
+        2.0,
+    ),
+    (
+        "batch_1000_vs_publish_async",
+        ("batch_publish", "batch_1000", "msgs_per_s"),
+        "publish_async_msgs_per_s",
+        ">=",
+        2.0,
+    ),
+    (
+        "stream_publish_vs_publish_async",
+        ("stream_publish", "msgs_per_s"),
+        "publish_async_msgs_per_s",
+        None,
+        None,
+    ),
+    (
+        "fetch_ack_100_vs_pull_consume",
+        ("fetch_ack", "batch_100", "msgs_per_s"),
+        "pull_consume_msgs_per_s",
+        ">=",
+        1.0,
+    ),
+    (
+        "fetch_ack_1000_vs_pull_consume",
+        ("fetch_ack", "batch_1000", "msgs_per_s"),
+        "pull_consume_msgs_per_s",
+        ">=",
+        1.0,
+    ),
+    (
+        "unary_p50_vs_sync_publish_p50",
+        ("unary_publish", "callers_1", "p50_ms"),
+        "sync_publish_p50_ms",
+        "<=",
+        3.0,
+    ),
+    (
+        "unary_p99_vs_sync_publish_p99",
+        ("unary_publish", "callers_1", "p99_ms"),
+        "sync_publish_p99_ms",
+        None,
+        None,
+    ),
+    (
+        "unary_1_msgs_per_s_vs_sync_publish",
+        ("unary_publish", "callers_1", "msgs_per_s"),
+        "sync_publish_msgs_per_s",
+        None,
+        None,
+    ),
+)
+
+
+def ratios(raftlog: dict[str, Any], js: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, path, js_key, op, target in COMPARISONS:
+        ours: Any = raftlog
+        for key in path:
+            ours = ours.get(key, {}) if isinstance(ours, dict) else None
+        theirs = js.get(js_key) if js else None
+        ratio = ours / theirs if isinstance(ours, int | float) and theirs else None
+        met = None
+        if ratio is not None and op is not None and target is not None:
+            met = ratio >= target if op == ">=" else ratio <= target
+        out[name] = {
+            "raftlog": ours if isinstance(ours, int | float) else None,
+            "jetstream": theirs,
+            "ratio": None if ratio is None else round(ratio, 3),
+            "target": None if op is None else f"{op} {target:g}",
+            "met": met,
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+
+
+def table(document: dict[str, Any]) -> str:
+    rl = document["raftlog"]
+    rows: list[tuple[str, str, str]] = []
+
+    def phase(label: str, figures: dict[str, Any], *, latency: bool) -> None:
+        text = f"{figures['msgs_per_s']:,.0f} msgs/s"
+        if latency:
+            text += f", p50 {figures['p50_ms']:.3f} / p99 {figures['p99_ms']:.3f} ms"
+        cpu = f"{figures.get('server_cpu_pct', 0):.0f}% / {figures.get('client_cpu_pct', 0):.0f}%"
+        rows.append((label, text, cpu if figures["error"] is None else figures["error"]))
+
+    phase("unary publish, 1 caller", rl["unary_publish"]["callers_1"], latency=True)
+    phase("unary publish, 8 callers", rl["unary_publish"]["callers_8"], latency=True)
+    phase("batch publish, 100/call", rl["batch_publish"]["batch_100"], latency=False)
+    phase("batch publish, 1000/call", rl["batch_publish"]["batch_1000"], latency=False)
+    phase("client-streaming publish", rl["stream_publish"], latency=False)
+    phase("fetch(100) + ack", rl["fetch_ack"]["batch_100"], latency=False)
+    phase("fetch(1000) + ack", rl["fetch_ack"]["batch_1000"], latency=False)
+    parts = [
+        f"raftlog single node, {payload_bytes} B messages, fsync before ack",
+        fmt.render_table(("phase", "raftlog", "node / client CPU"), rows),
+    ]
+    if document["jetstream"] is not None:
+        comparison_rows = [
+            (
+                name,
+                _number(item["raftlog"]),
+                _number(item["jetstream"]),
+                "-" if item["ratio"] is None else f"{item['ratio']:.2f}x",
+                item["target"] or "-",
+                {True: "yes", False: "NO", None: "-"}[item["met"]],
+            )
+            for name, item in document["ratios"].items()
+        ]
+        parts.append(
+            "raftlog / JetStream R1 (publish_async window 64, pull fetch(100)+ack, "
+            "sync_publish; JetStream does not fsync per ack)"
+        )
+        parts.append(
+            fmt.render_table(
+                ("figure", "raftlog", "JetStream", "ratio", "target", "met"),
+                comparison_rows,
+                right_align=(1, 2, 3),
+            )
+        )
+    return "\n\n".join(parts)
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3f}"
+
+
+def _log(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+def _host() -> dict[str, Any]:
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "cpu_model": cpu_model,
+        "nproc": os.cpu_count(),
+    }
+
+
+def _phase_errors(raftlog: dict[str, Any]) -> list[str]:
+    errors = []
+    for group in ("unary_publish", "batch_publish", "fetch_ack"):
+        errors += [f"{group}.{k}: {v['error']}" for k, v in raftlog[group].items() if v["error"]]
+    if raftlog["stream_publish"]["error"]:
+        errors.append(f"stream_publish: {raftlog['stream_publish']['error']}")
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    parser.add_argument("--no-peer", action="store_true", help="skip the JetStream peer")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="stream replicas; reserved for the cluster (only 1 for now)",
+    )
+    args = parser.parse_args(argv)
+    if args.replicas != 1:
+        parser.error("--replicas: only 1 is supported until the cluster exists")
+    plan = QUICK if args.quick else FULL
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as workdir:
+        node = BenchNode(Path(workdir))
+        _log(f"starting a node on {node.address} (data in {workdir})")
+        node.start()
+        try:
+            raftlog = asyncio.run(run_raftlog(node, plan))
+        except grpc.RpcError as exc:
+            _log(describe_failure(exc, address=node.address))
+            _log(f"node log:\n{node.log_tail()}")
+            return 1
+        finally:
+            status = node.stop()
+            _log(f"node stopped (exit status {status})")
+    peer = None if args.no_peer else run_peer(quick=args.quick)
+    js = None if peer is None or "error" in peer else peer_figures(peer)
+    document = {
+        "schema": SCHEMA,
+        "meta": {
+            "payload_bytes": payload_bytes,
+            "quick": args.quick,
+            "replicas": args.replicas,
+            "plan": asdict(plan),
+            "fsync_before_ack": True,
+            "python": platform.python_version(),
+            "grpcio": grpc.__version__,
+            "host": _host(),
+            "duration_s": round(time.monotonic() - started, 1),
+        },
+        "raftlog": raftlog,
+        "jetstream": js,
+        "jetstream_error": None if peer is None else peer.get("error"),
+        "ratios": ratios(raftlog, js),
+    }
+    print(table(document), file=sys.stderr)
+    print(json.dumps(document, indent=2))
+    failures = _phase_errors(raftlog) + (
+        [document["jetstream_error"]] if document["jetstream_error"] else []
+    )
+    for failure in failures:
+        _log(f"FAILED {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
