@@ -16,6 +16,7 @@ import grpc
 
 from raftlog.node import cli_format as fmt
 from raftlog.node import limits, loadgen
+from raftlog.node.batches import expand_results
 from raftlog.node.cli_base import (
     EXIT_ERROR,
     EXIT_OK,
@@ -486,7 +487,7 @@ async def _pub_batched(
         index += len(entries)
         request = streams_pb2.PublishBatchRequest(stream=args.stream, entries=entries)
         response = await client.streams.PublishBatch(request, timeout=client.deadline_s())
-        for result in response.results:
+        for result in expand_results(response):
             if result.HasField("ack"):
                 report.ack(result.ack)
             else:

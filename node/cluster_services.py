@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from raftlog.node import rpc, subjects
+from raftlog.node.batches import expand_results
 from raftlog.node.cluster import ClusterNode
 from raftlog.node.consumer_config import validate_config as validate_consumer_config
 from raftlog.node.consumer_service import ConsumersService
@@ -175,7 +176,7 @@ class ClusterStreamsService(StreamsService):
         if not items:
             return
         reply = await self._publish_stream(requests())
-        for (index, _), result in zip(items, reply.results, strict=True):
+        for (index, _), result in zip(items, expand_results(reply), strict=True):
             results[index] = result
 
     async def _publish_remote(self, address: str,
@@ -187,7 +188,7 @@ class ClusterStreamsService(StreamsService):
             reply = await stub.PublishStream(iter([request for _, request in items]),
                                              metadata=outgoing_metadata(context),
                                              timeout=remaining_s(context))
-            outcomes = list(reply.results)
+            outcomes = expand_results(reply)
         except (grpc.aio.AioRpcError, RaftlogError) as err:
             error = err if isinstance(err, RaftlogError) else RaftlogError(
                 Reason.FORWARD_FAILED, f"publishing through {address} failed: {err.details()}",

@@ -27,6 +27,16 @@ def _result(stream: str, outcome: Appended | RaftlogError) -> streams_pb2.Publis
 def _batch_response(
     stream_names: Sequence[str], outcomes: Sequence[Appended | RaftlogError]
 ) -> streams_pb2.PublishBatchResponse:
+    """The compact form (first_seq) when every message got the next new seq of one stream;
+    else one PublishResult per message."""
+    if outcomes and stream_names and all(name == stream_names[0] for name in stream_names):
+        first = outcomes[0]
+        if isinstance(first, Appended) and all(
+            isinstance(outcome, Appended) and not outcome.duplicate
+            and outcome.seq == first.seq + index for index, outcome in enumerate(outcomes)
+        ):
+            return streams_pb2.PublishBatchResponse(
+                acked=len(outcomes), first_seq=first.seq, stream=stream_names[0])
     results = [_result(name, outcome) for name, outcome in zip(stream_names, outcomes,
                                                                 strict=True)]
     failed = sum(1 for outcome in outcomes if isinstance(outcome, RaftlogError))

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from raftlog.node import limits
+from raftlog.node.batches import acked_seqs
 from raftlog.node.errors import Reason
 from raftlog.node.rpc import from_rpc_error
 from raftlog.v1 import streams_pb2, types_pb2
@@ -64,7 +65,7 @@ def test_publish_unary_batch_and_stream(clients: Clients) -> None:
         entries=[streams_pb2.PublishEntry(subject="orders.eu", payload=b"%d" % i)
                  for i in range(100)] + [streams_pb2.PublishEntry(subject="bad", payload=b"")],
     ))
-    assert (batch.acked, batch.failed) == (100, 1)
+    assert (batch.acked, batch.failed, batch.first_seq) == (100, 1, 0)
     assert [r.ack.seq for r in batch.results[:100]] == list(range(2, 102))
     assert batch.results[100].error.reason == "SUBJECT_NOT_IN_STREAM"
     assert batch.results[100].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -72,7 +73,7 @@ def test_publish_unary_batch_and_stream(clients: Clients) -> None:
                 for _ in range(2500)]
     requests.append(streams_pb2.PublishRequest(stream="missing", subject="x", payload=b""))
     streamed = clients.streams.PublishStream(iter(requests), timeout=30)
-    assert (streamed.acked, streamed.failed) == (2500, 1)
+    assert (streamed.acked, streamed.failed, streamed.first_seq) == (2500, 1, 0)
     assert streamed.results[-2].ack.seq == 2601
     assert streamed.results[-1].error.reason == "STREAM_NOT_FOUND"
     message = clients.streams.GetMessage(streams_pb2.GetMessageRequest(stream="orders", seq=1))
@@ -155,7 +156,8 @@ def test_subject_reads_and_purge(clients: Clients) -> None:
                                                                        subject="a.*"),
          Reason.INVALID_SUBJECT),
         ("ScanExactAtSubject", streams_pb2.ScanExactAtSubjectRequest(
-            stream="orders", subject="a", limit=limits.scan_limit_max + 1), Reason.INVALID_ARGUMENT),
+            stream="orders", subject="a", limit=limits.scan_limit_max + 1),
+         Reason.INVALID_ARGUMENT),
         ("PurgeStream", streams_pb2.PurgeStreamRequest(name="orders", subject="a.>.b"),
          Reason.INVALID_SUBJECT),
     ],
@@ -189,7 +191,8 @@ def test_acknowledged_messages_survive_kill9_and_restart(node_proc: NodeProcess)
         batch = clients.streams.PublishBatch(streams_pb2.PublishBatchRequest(
             stream="orders", entries=[streams_pb2.PublishEntry(subject="o.b", payload=b"b%d" % i)
                                       for i in range(2000)]), timeout=30)
-        acked |= {r.ack.seq for r in batch.results}
+        assert (batch.first_seq, batch.stream, batch.acked) == (51, "orders", 2000)
+        acked |= set(acked_seqs(batch))
     node_proc.kill9()
     node_proc.start()
     with node_proc.channel() as channel:

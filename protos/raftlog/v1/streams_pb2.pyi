@@ -652,13 +652,24 @@ Global___PublishResult: _TypeAlias = PublishResult  # noqa: Y015
 
 @_typing.final
 class PublishBatchResponse(_message.Message):
+    """One result per message, in order. Compact form: when every message was stored as a new
+    message of one stream at consecutive seqs, `results` is empty and message i got seq
+    `first_seq + i` (raftlog.node.client.expand_results gives the long form either way).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
     acked: _builtins.int
     failed: _builtins.int
+    first_seq: _builtins.int
+    """Set (non-zero) only in the compact form."""
+    stream: _builtins.str
+    """The stream of every message, in the compact form."""
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublishResult]: ...
     def __init__(
@@ -667,10 +678,12 @@ class PublishBatchResponse(_message.Message):
         results: _abc.Iterable[Global___PublishResult] | None = ...,
         acked: _builtins.int = ...,
         failed: _builtins.int = ...,
+        first_seq: _builtins.int = ...,
+        stream: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "failed", b"failed", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "failed", b"failed", "first_seq", b"first_seq", "results", b"results", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
