@@ -6,6 +6,8 @@
     raftlog consumer create|info|ls|rm ...
     raftlog fetch|sub STREAM CONSUMER                       read messages and ack them
     raftlog health                                          is the node serving?
+    raftlog cluster up|down|status|join|leave|overrides|stats|watch   a local or real cluster
+    raftlog stream route NAME                               why a stream lives where it does
 
 Every command that talks to a node takes `--server HOST:PORT` (default: $RAFTLOG_SERVER or
 127.0.0.1:7400), `--timeout` and `--json` (one JSON document on stdout, proto field names).
@@ -34,6 +36,7 @@ from raftlog.node.cli_base import (
     typed,
     warn,
 )
+from raftlog.node.cli_cluster import register as add_cluster_commands
 from raftlog.node.cli_consumers import add_consumer_commands
 from raftlog.node.cli_streams import add_stream_commands
 from raftlog.node.config import NodeConfig
@@ -98,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_node(commands)
     add_stream_commands(commands)
+    add_cluster_commands(commands)
     add_consumer_commands(commands)
     return parser
 

@@ -152,10 +152,11 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
+    ) -> Any:
+        # The handler types of grpc's stubs describe the sync API; these handlers are aio.
+        handler: Any = await continuation(details)
         method: str = details.method  # type: ignore[attr-defined]
         pick = ROUTED.get(method)
         if handler is None or pick is None:
@@ -186,7 +187,7 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             except RaftlogError as err:
                 await rpc.abort(context, err)
                 raise
-            call = self._pool.get(address).unary_unary(
+            call: Any = self._pool.get(address).unary_unary(
                 method, request_serializer=_serialize, response_deserializer=None)
             try:
                 return await call(request, timeout=remaining_s(context), metadata=metadata)
@@ -210,7 +211,7 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 async for item in local(request, context):
                     yield item
                 return
-            call = self._pool.get(address).unary_stream(
+            call: Any = self._pool.get(address).unary_stream(
                 method, request_serializer=_serialize, response_deserializer=None)
             try:
                 async for item in call(request, timeout=context.time_remaining(),

@@ -18,10 +18,10 @@ from grpc_reflection.v1alpha import reflection
 
 from raftlog.node import limits
 from raftlog.node.clock import Clock, SystemClock
-from raftlog.node.config import NodeConfig
 from raftlog.node.cluster import ClusterNode
 from raftlog.node.cluster_admin import ClusterService
 from raftlog.node.cluster_services import ClusterConsumersService, ClusterStreamsService
+from raftlog.node.config import NodeConfig
 from raftlog.node.consumer_records import RocksConsumerStore
 from raftlog.node.consumer_service import ConsumersService
 from raftlog.node.consumers import ConsumerManager

@@ -11,6 +11,8 @@ import pytest
 from raftlog.v1 import consumers_pb2_grpc, streams_pb2_grpc
 from tests.nodeproc import NodeProcess
 
+pytest_plugins = ["tests.conftest_cluster"]
+
 
 @pytest.fixture
 def node_proc(tmp_path: Path) -> Iterator[NodeProcess]:
