@@ -14,6 +14,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from rocksdict import WriteBatch
 
@@ -33,6 +34,20 @@ from raftlog.v1 import storage_pb2, streams_pb2, types_pb2
 
 known_subjects_max = 10_000  # validated subjects remembered per stream
 scan_examined_max = 100_000  # messages one filtered scan looks at before it stops
+
+
+ROLE_PRIMARY = "primary"
+ROLE_REPLICA = "replica"
+commit_wait_s_max = 10.0  # a publish waits this long for a quorum before UNAVAILABLE
+removed_log_max = 100_000  # removals kept for replicas before they must be re-seeded
+
+
+class Replicator(Protocol):
+    """What a primary's stream asks of its replication (node/replication.py)."""
+
+    def kick(self) -> None: ...
+    def on_local_durable(self) -> None: ...
+    def check_lease(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -114,7 +129,14 @@ class Stream:
         self.subject_stats: dict[str, SubjectStat] = {}
         self.dedupe: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._commit_seq = record.last_seq
+        self.durable_seq = record.last_seq  # highest seq fsynced here
         self._waiters: list[asyncio.Future[None]] = []
+        # Replication (cluster mode): the primary's replicator decides commit_seq; a replica
+        # only appends what its primary sends. None = this node alone decides (R1, standalone).
+        self.replicator: Replicator | None = None
+        self.role = ROLE_PRIMARY
+        self.deposed: RaftlogError | None = None  # set when this node stopped being primary
+        self.removed_log: list[int] = []  # seqs removed here, for the replicator to pass on
         self._known_subjects: dict[str, tuple[bytes, int]] = {}
         self.closed = False
 
@@ -196,7 +218,18 @@ class Stream:
             return None
         return storage_pb2.StoredMessage.FromString(raw)
 
+    def check_readable(self) -> None:
+        """Reads are served by the primary, and by it only under its lease."""
+        if self.deposed is not None:
+            raise self.deposed
+        if self.role != ROLE_PRIMARY:
+            raise RaftlogError(Reason.NOT_PRIMARY, f"this node holds a replica of "
+                               f"{self.name!r}, not its primary", stream=self.name)
+        if self.replicator is not None:
+            self.replicator.check_lease()
+
     def get_message(self, seq: int) -> types_pb2.Message:
+        self.check_readable()
         stored = self._read_stored(seq) if 0 < seq <= self._commit_seq else None
         if stored is None:
             raise RaftlogError(
@@ -206,6 +239,7 @@ class Stream:
         return to_message(self.name, seq, stored)
 
     def read(self, seq: int) -> LogEntry | None:
+        self.check_readable()
         stored = self._read_stored(seq) if 0 < seq <= self._commit_seq else None
         return None if stored is None else to_entry(seq, stored)
 
@@ -223,6 +257,7 @@ class Stream:
             yield keys.index_seq(key)
 
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
+        self.check_readable()
         if limit <= 0:
             return
         if filter_subject and subjects.is_literal(filter_subject):
@@ -251,6 +286,7 @@ class Stream:
         list[types_pb2.Message], int
     ]:
         """Messages of one literal subject from `from_seq`; returns them and the next seq."""
+        self.check_readable()
         found: list[types_pb2.Message] = []
         for seq in self._subject_seqs(subject, from_seq=max(from_seq, 1),
                                       to_seq=self._commit_seq):
@@ -262,6 +298,7 @@ class Stream:
         return found, 0
 
     def latest_at_subject(self, subject: str) -> types_pb2.Message:
+        self.check_readable()
         stat = self.subject_stats.get(subject)
         if stat is not None:
             if stat.last_seq <= self._commit_seq:
@@ -359,12 +396,32 @@ class Stream:
             if not future.done():
                 future.set_result(None)
 
-    def close(self) -> None:
-        self.closed = True
+    def _wake_all(self) -> None:
         waiters, self._waiters = self._waiters, []
         for future in waiters:
             if not future.done():
                 future.set_result(None)
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake_all()
+
+    def set_commit_seq(self, seq: int) -> None:
+        """The replicator (primary) or the primary's word (replica) moves the high-water mark;
+        never above what is stored here."""
+        self._advance_commit(min(seq, self.record.last_seq))
+
+    def depose(self, error: RaftlogError) -> None:
+        """This node is no longer the primary: pending publishes fail, writes are refused."""
+        self.deposed = error
+        self._wake_all()
+
+    def become(self, role: str, *, epoch: int) -> None:
+        """Takes a role at a fence epoch (from the committed assignment)."""
+        self.role = role
+        self.deposed = None
+        self.record.epoch = max(self.record.epoch, epoch)
+        self.removed_log.clear()
 
     # ----------------------------------------------------------------- publishing
 
@@ -478,6 +535,7 @@ class Stream:
         own bytes plus a shared tail (ts_ms, epoch) as the stored value, and two puts."""
         if self.closed:
             raise RaftlogError(Reason.STREAM_NOT_FOUND, f"stream {self.name!r} was deleted")
+        self._check_writable()
         now_ms = self._clock.wall_ms()
         tail = storage_pb2.StoredMessage(ts_ms=now_ms, epoch=self.record.epoch) \
             .SerializeToString()
@@ -557,12 +615,38 @@ class Stream:
         batch.put(keys.dedupe_key(self.stream_id, msg_id), keys.pair(seq, now_ms),
                   self._storage.handle(CF_DEDUPE))
 
+    def _check_writable(self) -> None:
+        if self.deposed is not None:
+            raise self.deposed
+        if self.role != ROLE_PRIMARY:
+            raise RaftlogError(Reason.NOT_PRIMARY, f"this node holds a replica of "
+                               f"{self.name!r}, not its primary", stream=self.name)
+
     async def commit(self, wait_seq: int) -> None:
-        """Waits until `wait_seq` is durable, then makes it visible."""
-        if wait_seq > self._commit_seq:
-            target = self.record.last_seq
-            await self._committer.durable()
+        """Waits until `wait_seq` is committed: durable here and, when replicated, on a
+        majority of the stream's replicas. NO_QUORUM after commit_wait_s_max; NOT_PRIMARY
+        when this node is deposed meanwhile."""
+        if wait_seq <= self._commit_seq:
+            return
+        target = self.record.last_seq
+        if self.replicator is not None:
+            self.replicator.kick()
+        await self._committer.durable()
+        self.durable_seq = max(self.durable_seq, target)
+        if self.replicator is None:
             self._advance_commit(target)
+            return
+        self.replicator.on_local_durable()
+        deadline = asyncio.get_running_loop().time() + commit_wait_s_max
+        while self._commit_seq < wait_seq:
+            if self.deposed is not None:
+                raise self.deposed
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or self.closed:
+                raise RaftlogError(Reason.NO_QUORUM, f"seq {wait_seq} of {self.name!r} is not "
+                                   "on a majority of its replicas yet; retry with the same "
+                                   "msg_id", stream=self.name, seq=wait_seq)
+            await self.wait_for_commit(above_seq=self._commit_seq, timeout_s=remaining)
 
     async def publish(self, drafts: Sequence[Draft]) -> list[Appended | RaftlogError]:
         results, wait_seq = self.publish_staged(drafts)
@@ -600,6 +684,8 @@ class Stream:
             return False
         size = stored_size(stored)
         batch.delete(keys.message_key(self.stream_id, seq), self._storage.handle(CF_MESSAGES))
+        if self.replicator is not None and len(self.removed_log) < removed_log_max:
+            self.removed_log.append(seq)
         batch.delete(keys.index_key(self.stream_id, stored.subject, seq),
                      self._storage.handle(CF_SUBJECTS))
         stat = self.subject_stats[stored.subject]
@@ -725,3 +811,150 @@ class Stream:
         self._write(batch, set())
         await self._committer.durable()
         return purged
+
+    # ----------------------------------------------------------------- replica side
+
+    def accept_replicated(
+        self, *, epoch: int, history: Sequence[tuple[int, int]], first_seq: int,
+        values: Sequence[bytes], removed: Sequence[tuple[int, int]], reseed: bool,
+        head_seq: int,
+    ) -> int:
+        """Applies a primary's batch (written, not yet durable); returns the last seq held.
+
+        Refuses (RaftlogError) an older epoch (STALE_EPOCH) and a batch that does not start
+        at or below the next seq (SEQ_GAP, metadata last_seq); nothing is changed then.
+        A newer epoch first truncates what this node holds from the start of the first epoch
+        (in the primary's `history` of (epoch, start_seq)) after the last epoch this node
+        wrote in: those messages came from an older primary and were never committed (G7)."""
+        floor = max(self.record.epoch, self.record.fenced_epoch)
+        if epoch < floor:
+            raise RaftlogError(Reason.STALE_EPOCH, f"{self.name!r} is at fence epoch "
+                               f"{floor}; refusing epoch {epoch}",
+                               replica_epoch=floor, last_seq=self.record.last_seq)
+        if self.role == ROLE_PRIMARY and self.deposed is None and self.replicator is not None:
+            raise RaftlogError(Reason.STALE_EPOCH, f"this node is the primary of {self.name!r}",
+                               replica_epoch=self.record.epoch, last_seq=self.record.last_seq)
+        if epoch > self.record.epoch:
+            later = [start for past, start in history if past > self.record.epoch]
+            self._truncate_from(min(later, default=self.record.last_seq + 1))
+            self.record.epoch = epoch
+        if reseed:
+            self._reset_to(first_seq)
+        elif values and first_seq > self.record.last_seq + 1:
+            self._write(self._storage.batch(), set())
+            raise RaftlogError(Reason.SEQ_GAP, f"{self.name!r} holds up to seq "
+                               f"{self.record.last_seq}; batch starts at {first_seq}",
+                               last_seq=self.record.last_seq, replica_epoch=self.record.epoch)
+        batch = self._storage.batch()
+        touched: set[str] = set()
+        for first, last in removed:
+            for seq in range(max(first, self.record.first_seq),
+                             min(last, self.record.last_seq) + 1):
+                self._delete_seq(batch, seq, touched)
+        skip = max(self.record.last_seq + 1 - first_seq, 0)
+        for offset, value in enumerate(values[skip:], start=first_seq + skip):
+            if value:
+                self._append_stored(batch, offset, value, touched)
+            else:  # removed on the primary before it was sent
+                self.record.last_seq = offset
+        batch = self._write(batch, touched)
+        if head_seq > self.record.first_seq:
+            self._remove_below(min(head_seq, self.record.last_seq + 1))
+        self._advance_head()
+        return self.record.last_seq
+
+    def _append_stored(self, batch: WriteBatch, seq: int, value: bytes, touched: set[str]) -> None:
+        stored = storage_pb2.StoredMessage.FromString(value)
+        batch.put(keys.message_key(self.stream_id, seq), value, self._storage.handle(CF_MESSAGES))
+        batch.put(keys.index_key(self.stream_id, stored.subject, seq), b"",
+                  self._storage.handle(CF_SUBJECTS))
+        stat = self.subject_stats.get(stored.subject)
+        if stat is None:
+            self.subject_stats[stored.subject] = SubjectStat(1, seq)
+        else:
+            stat.count += 1
+            stat.last_seq = seq
+        if stored.msg_id:
+            self._remember(batch, stored.msg_id, seq=seq, now_ms=stored.ts_ms)
+        touched.add(stored.subject)
+        self.record.last_seq = seq
+        self.record.messages += 1
+        self.record.bytes += stored_size(stored)
+        if self.record.messages == 1:
+            self.record.first_seq = seq
+
+    def _truncate_from(self, seq: int) -> None:
+        """Removes every message at or above `seq` (an uncommitted tail of an older epoch)."""
+        if seq > self.record.last_seq:
+            return
+        batch = self._storage.batch()
+        touched: set[str] = set()
+        for key in list(self._storage.scan_keys(
+                CF_MESSAGES, lower=keys.message_key(self.stream_id, seq),
+                upper=keys.message_key(self.stream_id, self.record.last_seq + 1))):
+            self._delete_seq(batch, keys.message_seq(key), touched)
+        for msg_id, (dedupe_seq, _) in list(self.dedupe.items()):
+            if dedupe_seq >= seq:
+                del self.dedupe[msg_id]
+                batch.delete(keys.dedupe_key(self.stream_id, msg_id),
+                             self._storage.handle(CF_DEDUPE))
+        self.record.last_seq = seq - 1
+        self._commit_seq = min(self._commit_seq, seq - 1)
+        self.durable_seq = min(self.durable_seq, seq - 1)
+        self._write(batch, touched)
+        self._advance_head()
+
+    def _remove_below(self, seq: int) -> None:
+        batch = self._storage.batch()
+        touched: set[str] = set()
+        for key in list(self._storage.scan_keys(
+                CF_MESSAGES, lower=keys.message_key(self.stream_id, self.record.first_seq),
+                upper=keys.message_key(self.stream_id, seq))):
+            self._delete_seq(batch, keys.message_seq(key), touched)
+        self._write(batch, touched)
+
+    def _reset_to(self, first_seq: int) -> None:
+        """Drops the whole local copy; the next message stored will be `first_seq`."""
+        batch = self._storage.batch()
+        for cf in (CF_MESSAGES, CF_SUBJECTS, CF_DEDUPE):
+            batch.delete_range(keys.stream_prefix(self.stream_id),
+                               keys.stream_end(self.stream_id), self._storage.handle(cf))
+        self.subject_stats.clear()
+        self.dedupe.clear()
+        self.record.messages = 0
+        self.record.bytes = 0
+        self.record.first_seq = first_seq
+        self.record.last_seq = first_seq - 1
+        self._commit_seq = min(self._commit_seq, first_seq - 1)
+        self.durable_seq = first_seq - 1
+        self._write(batch, set())
+
+    def stored_values(self, *, from_seq: int, to_seq: int, bytes_max: int) -> list[bytes]:
+        """Stored bytes of seqs from_seq..to_seq (fewer once bytes_max is reached); a seq
+        removed here (work queue, purge) is an empty value, so the replica still moves on."""
+        values: list[bytes] = []
+        size = 0
+        expected = from_seq
+        for key, value in self._storage.scan(
+                CF_MESSAGES, lower=keys.message_key(self.stream_id, from_seq),
+                upper=keys.message_key(self.stream_id, to_seq + 1)):
+            seq = keys.message_seq(key)
+            if values and size + len(value) > bytes_max:
+                return values
+            values.extend([b""] * (seq - expected))
+            values.append(value)
+            size += len(value)
+            expected = seq + 1
+        values.extend([b""] * (to_seq + 1 - expected))
+        return values
+
+    async def fence(self, epoch: int) -> None:
+        """Refuses batches below `epoch` from now on (durable on return)."""
+        if epoch > self.record.fenced_epoch:
+            self.record.fenced_epoch = epoch
+            self._write(self._storage.batch(), set())
+            await self._committer.durable()
+
+    def replica_state(self) -> tuple[int, int, int, int]:
+        """(epoch, first_seq, last_seq, commit_seq) of the local copy."""
+        return self.record.epoch, self.record.first_seq, self.record.last_seq, self._commit_seq
