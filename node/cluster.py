@@ -22,6 +22,8 @@ from raftlog.node.config import NodeConfig
 from raftlog.node.consumers import ConsumerManager
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.node.ring import Ring
+from raftlog.node.replication import ReplicationManager
+from raftlog.node.stream import ROLE_PRIMARY, Stream
 from raftlog.node.streams import StreamEngine
 from raftlog.raft.api import Applied, LeaderChange, MetaGroup, ensure_ok
 from raftlog.raft.state import MetaState, StreamAssignment
@@ -67,8 +69,10 @@ def command_stream(command: raft_pb2.RaftCommand) -> str:
 
 class ClusterNode:
     def __init__(self, *, config: NodeConfig, group: MetaGroup, engine: StreamEngine,
-                 consumers: ConsumerManager, clock: Clock) -> None:
+                 consumers: ConsumerManager, clock: Clock,
+                 replication: ReplicationManager | None = None) -> None:
         self.config = config
+        self.replication = replication
         self.node_id = config.name
         self.group = group
         self.engine = engine
@@ -122,6 +126,10 @@ class ClusterNode:
         if member is None:
             raise RaftlogError(Reason.NODE_NOT_FOUND, f"no member {node_id!r}", node=node_id)
         return member.grpc_address
+
+    def member_addresses(self) -> dict[str, str]:
+        with self.group.read_state() as state:
+            return {m.node_id: m.grpc_address for m in state.members.values()}
 
     def leader_node_id(self) -> str:
         address = self.group.leader_address()
@@ -254,22 +262,67 @@ class ClusterNode:
                 self.queue(name)
 
     async def reconcile(self, name: str) -> None:
-        """Brings the local copy of one stream in line with the committed assignment."""
+        """Brings the local copy of one stream in line with the committed assignment: its
+        existence, config, role (primary at the epoch, or replica) and replication."""
         assignment = self.state.streams.get(name)
         local = self.engine.streams.get(name)
-        if assignment is None:
-            if local is not None:
+        if assignment is None or self.node_id not in assignment.replicas:
+            if self.replication is not None:
+                self.replication.release(name)
+            if local is not None and assignment is None:
                 log.info("stream %s was deleted; removing the local copy", name)
                 await self.engine.delete(name)
-            return
-        if assignment.primary != self.node_id:
+            elif local is not None and local.role == ROLE_PRIMARY:
+                local.depose(self._not_primary(name))
             return
         if local is None:
-            log.info("stream %s is assigned here; creating it", name)
+            log.info("stream %s has a copy here; creating it", name)
             await self.engine.create(assignment.config)
+            local = self.engine.get(name)
         elif local.config != assignment.config:
             await self.engine.apply_config(name, assignment.config)
+        if assignment.primary == self.node_id:
+            await self._lead(local, assignment)
+        else:
+            self._follow(local)
+
+    def _not_primary(self, name: str) -> RaftlogError:
+        return RaftlogError(Reason.NOT_PRIMARY, f"this node is no longer the primary of "
+                            f"{name!r}; retry with the same msg_id", stream=name)
+
+    async def _lead(self, local: Stream, assignment: StreamAssignment) -> None:
+        promoted = local.role != ROLE_PRIMARY or local.record.epoch != assignment.fence_epoch
+        local.become_primary(epoch=assignment.fence_epoch)
+        if self.replication is not None:
+            self.replication.lead(local, replicas=assignment.replicas,
+                                  epoch=assignment.fence_epoch,
+                                  history=list(assignment.epoch_history))
+        if local.replicator is None:
+            local.set_commit_seq(local.durable_seq)
+        if promoted:
+            log.info("leading stream %s at fence epoch %d from seq %d", local.name,
+                     assignment.fence_epoch, assignment.epoch_start_seq)
+            # Consumer state may have moved on elsewhere: read it again from the cluster.
+            self.consumers.detach_stream(local.name)
+            self.consumers.attach_stream(local, retention=assignment.config.retention,
+                                         subjects=list(assignment.config.subjects))
         await self._reconcile_consumers(assignment)
+
+    def _follow(self, local: Stream) -> None:
+        if self.replication is not None:
+            self.replication.release(local.name)
+        if local.role == ROLE_PRIMARY:
+            local.depose(self._not_primary(local.name))
+        local.become_replica()
+
+    async def ensure_replica(self, name: str) -> Stream:
+        """The local copy of a stream this node is a replica of, created when missing."""
+        assignment = self.state.streams.get(name)
+        if assignment is None or self.node_id not in assignment.replicas:
+            raise RaftlogError(Reason.STREAM_NOT_FOUND,
+                               f"this node holds no copy of {name!r}", stream=name)
+        await self.reconcile(name)
+        return self.engine.get(name)
 
     async def _reconcile_consumers(self, assignment: StreamAssignment) -> None:
         committed = self.state.consumers.get(assignment.name, {})

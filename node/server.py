@@ -25,7 +25,10 @@ from raftlog.node.config import NodeConfig
 from raftlog.node.consumer_records import RocksConsumerStore
 from raftlog.node.consumer_service import ConsumersService
 from raftlog.node.consumers import ConsumerManager
+from raftlog.node.failover import FailoverCoordinator, LivenessMonitor
 from raftlog.node.forwarding import ChannelPool, RoutingInterceptor
+from raftlog.node.replica import ReplicationService
+from raftlog.node.replication import ReplicationManager
 from raftlog.node.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
 from raftlog.node.stream_service import StreamsService
 from raftlog.node.streams import StreamEngine
@@ -35,6 +38,7 @@ from raftlog.v1 import (
     cluster_pb2_grpc,
     consumers_pb2,
     consumers_pb2_grpc,
+    replication_pb2_grpc,
     streams_pb2,
     streams_pb2_grpc,
 )
@@ -62,7 +66,8 @@ class Node:
                                    stream_id=lambda name: self.engine.get(name).stream_id)
         self.consumers = ConsumerManager(store=store, clock=self.clock)
         self.engine = StreamEngine(storage=self.storage, committer=self.committer,
-                                   clock=self.clock, consumers=self.consumers)
+                                   clock=self.clock, consumers=self.consumers,
+                                   follow_raft=bool(config.raft_address))
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -87,6 +92,14 @@ class Node:
         )
         cluster = ClusterNode(config=self.config, group=self.group, engine=self.engine,
                               consumers=self.consumers, clock=self.clock)
+        cluster.replication = ReplicationManager(
+            node_id=cluster.node_id, pool=self.pool, address_of=cluster.member_address,
+            clock=self.clock)
+        self.liveness = LivenessMonitor(node_id=cluster.node_id, members=cluster.member_addresses,
+                                        pool=self.pool, clock=self.clock)
+        self.failover = FailoverCoordinator(node_id=cluster.node_id, group=self.group,
+                                            liveness=self.liveness, pool=self.pool,
+                                            clock=self.clock)
         callbacks["cluster"] = cluster
         return cluster
 
@@ -99,6 +112,9 @@ class Node:
             consumers = ClusterConsumersService(self.consumers, self.cluster)
             cluster_pb2_grpc.add_ClusterServicer_to_server(
                 ClusterService(self.cluster, self.pool), server)
+            replication_pb2_grpc.add_ReplicationServicer_to_server(ReplicationService(
+                node_id=self.cluster.node_id, engine=self.engine, committer=self.committer,
+                ensure_replica=self.cluster.ensure_replica), server)
         streams_pb2_grpc.add_StreamsServicer_to_server(streams, server)
         consumers_pb2_grpc.add_ConsumersServicer_to_server(consumers, server)
         return SERVICE_NAMES if self.cluster is None else (*SERVICE_NAMES, CLUSTER_SERVICE_NAME)
@@ -111,6 +127,10 @@ class Node:
         if self.config.raft_address:
             self.cluster = self._start_raft()
             await self.cluster.start()
+            assert self.cluster.replication is not None
+            self.cluster.replication.start()
+            self.liveness.start()
+            self.failover.start()
             interceptors.append(RoutingInterceptor(self.cluster, self.pool))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
@@ -136,6 +156,10 @@ class Node:
         if self.server is not None:
             await self.server.stop(limits.drain_grace_s)
         if self.cluster is not None:
+            await self.failover.stop()
+            await self.liveness.stop()
+            if self.cluster.replication is not None:
+                await self.cluster.replication.stop()
             await self.cluster.stop()
         if self.group is not None:
             self.group.close()

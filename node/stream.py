@@ -136,6 +136,7 @@ class Stream:
         self.replicator: Replicator | None = None
         self.role = ROLE_PRIMARY
         self.deposed: RaftlogError | None = None  # set when this node stopped being primary
+        self.primacy = 0  # changes with every role change; a commit wait spans one value
         self.removed_log: list[int] = []  # seqs removed here, for the replicator to pass on
         self._known_subjects: dict[str, tuple[bytes, int]] = {}
         self.closed = False
@@ -406,6 +407,10 @@ class Stream:
         self.closed = True
         self._wake_all()
 
+    def reset_commit_seq(self) -> None:
+        """Nothing stored here counts as committed until a primary says so."""
+        self._commit_seq = 0
+
     def set_commit_seq(self, seq: int) -> None:
         """The replicator (primary) or the primary's word (replica) moves the high-water mark;
         never above what is stored here."""
@@ -414,14 +419,28 @@ class Stream:
     def depose(self, error: RaftlogError) -> None:
         """This node is no longer the primary: pending publishes fail, writes are refused."""
         self.deposed = error
+        self.primacy += 1
         self._wake_all()
 
-    def become(self, role: str, *, epoch: int) -> None:
-        """Takes a role at a fence epoch (from the committed assignment)."""
-        self.role = role
+    def become_primary(self, *, epoch: int) -> None:
+        """Leads the stream at a fence epoch (from the committed assignment): new messages
+        carry that epoch."""
+        if self.role != ROLE_PRIMARY or self.record.epoch != epoch or self.deposed is not None:
+            self.primacy += 1
+        self.role = ROLE_PRIMARY
         self.deposed = None
         self.record.epoch = max(self.record.epoch, epoch)
+        self._wake_all()
+
+    def become_replica(self) -> None:
+        """Follows a primary: refuses writes and reads; takes batches (accept_replicated).
+        The epoch is left alone so that the next batch still truncates an old tail."""
+        if self.role != ROLE_REPLICA:
+            self.primacy += 1
+        self.role = ROLE_REPLICA
+        self.deposed = None
         self.removed_log.clear()
+        self._wake_all()
 
     # ----------------------------------------------------------------- publishing
 
@@ -615,6 +634,16 @@ class Stream:
         batch.put(keys.dedupe_key(self.stream_id, msg_id), keys.pair(seq, now_ms),
                   self._storage.handle(CF_DEDUPE))
 
+    def _check_primacy(self, primacy: int) -> None:
+        """A publish is answered only by the primacy that staged it: after a role change its
+        seq may hold another message."""
+        if self.deposed is not None:
+            raise self.deposed
+        if self.primacy != primacy or self.role != ROLE_PRIMARY:
+            raise RaftlogError(Reason.NOT_PRIMARY, f"this node stopped being the primary of "
+                               f"{self.name!r}; retry with the same msg_id",
+                               stream=self.name)
+
     def _check_writable(self) -> None:
         if self.deposed is not None:
             raise self.deposed
@@ -628,19 +657,20 @@ class Stream:
         when this node is deposed meanwhile."""
         if wait_seq <= self._commit_seq:
             return
+        primacy = self.primacy
         target = self.record.last_seq
         if self.replicator is not None:
             self.replicator.kick()
         await self._committer.durable()
         self.durable_seq = max(self.durable_seq, target)
+        self._check_primacy(primacy)
         if self.replicator is None:
             self._advance_commit(target)
             return
         self.replicator.on_local_durable()
         deadline = asyncio.get_running_loop().time() + commit_wait_s_max
         while self._commit_seq < wait_seq:
-            if self.deposed is not None:
-                raise self.deposed
+            self._check_primacy(primacy)
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or self.closed:
                 raise RaftlogError(Reason.NO_QUORUM, f"seq {wait_seq} of {self.name!r} is not "

@@ -71,7 +71,12 @@ class StreamEngine:
         committer: GroupCommitter,
         clock: Clock,
         consumers: ConsumerHooks,
+        follow_raft: bool = False,
     ) -> None:
+        """With `follow_raft` (cluster mode) a stream serves nothing until the cluster gives
+        it a role (Stream.become_primary / become_replica) and its commit seq starts at 0:
+        what is stored here was not necessarily committed."""
+        self._follow_raft = follow_raft
         self._storage = storage
         self._committer = committer
         self._clock = clock
@@ -96,6 +101,9 @@ class StreamEngine:
     def _attach(self, record: storage_pb2.StreamRecord) -> Stream:
         stream = Stream(storage=self._storage, committer=self._committer, clock=self._clock,
                         record=record)
+        if self._follow_raft:
+            stream.become_replica()
+            stream.reset_commit_seq()
         self.streams[stream.name] = stream
         self.consumers.attach_stream(stream, retention=record.config.retention,
                                      subjects=list(record.config.subjects))

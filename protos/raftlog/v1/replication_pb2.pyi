@@ -13,6 +13,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from raftlog.v1 import raft_pb2 as _raft_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -63,6 +64,7 @@ class ReplicateRequest(_message.Message):
     PRIMARY_FIELD_NUMBER: _builtins.int
     HEAD_SEQ_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     epoch: _builtins.int
     """The primary's fence epoch and the first seq it wrote in it."""
@@ -91,6 +93,13 @@ class ReplicateRequest(_message.Message):
     def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___SeqRange]:
         """Messages the primary removed (retention, purge, work-queue acks), to remove here too."""
 
+    @_builtins.property
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[_raft_pb2.EpochStart]:
+        """The stream's epoch history: where each fence epoch started. A replica whose last epoch is
+        older truncates from the start of the first later epoch (its tail there was never
+        committed).
+        """
+
     def __init__(
         self,
         *,
@@ -106,10 +115,11 @@ class ReplicateRequest(_message.Message):
         primary: _builtins.str = ...,
         head_seq: _builtins.int = ...,
         request_id: _builtins.int = ...,
+        history: _abc.Iterable[_raft_pb2.EpochStart] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "commit_seq", b"commit_seq", "epoch", b"epoch", "epoch_start_seq", b"epoch_start_seq", "first_seq", b"first_seq", "head_seq", b"head_seq", "messages", b"messages", "primary", b"primary", "removed", b"removed", "request_id", b"request_id", "reseed", b"reseed", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "commit_seq", b"commit_seq", "epoch", b"epoch", "epoch_start_seq", b"epoch_start_seq", "first_seq", b"first_seq", "head_seq", b"head_seq", "history", b"history", "messages", b"messages", "primary", b"primary", "removed", b"removed", "request_id", b"request_id", "reseed", b"reseed", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -160,15 +170,21 @@ class GetReplicaStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STREAM_FIELD_NUMBER: _builtins.int
+    FENCE_EPOCH_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
+    fence_epoch: _builtins.int
+    """When set, the replica first refuses every batch below this epoch (durably): the old
+    primary can then no longer commit anything, and the answer is final for it.
+    """
     def __init__(
         self,
         *,
         stream: _builtins.str = ...,
+        fence_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence_epoch", b"fence_epoch", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

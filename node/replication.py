@@ -1,0 +1,373 @@
+"""The primary's side of data replication: links to replica nodes, per-stream progress,
+the commit rule, and the read lease.
+
+- One `PeerLink` per replica node: a long-lived bidirectional Replicate call shared by every
+  stream this node leads there; it reconnects with a bounded backoff and routes acks back.
+- One `StreamReplicator` per stream this node leads (replication factor > 1): for each replica,
+  one batch in flight at a time carrying everything not yet sent (so batches grow with load),
+  heartbeats when idle, catch-up from the replica's own last seq (SEQ_GAP tells it), re-seed
+  when the replica needs seqs this node no longer holds.
+- Commit rule (G1): a seq is committed once a majority of the replica set (this node
+  included, counting only its fsynced seqs) holds it at the current fence epoch.
+- Fencing (G3): a refusal that names a newer epoch deposes this primary at once.
+- Lease: reads are served only while a majority acknowledged a request *sent* within
+  `lease_s`; failover waits longer than that before it picks a successor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from raftlog.node.clock import Clock
+from raftlog.node.errors import RaftlogError, Reason
+from raftlog.node.forwarding import ChannelPool
+from raftlog.node.stream import Stream
+from raftlog.v1 import raft_pb2, replication_pb2, replication_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+lease_s = 0.5  # reads need a majority ack of a request sent this recently
+heartbeat_s = 0.05  # an idle replica hears from its primary this often
+request_timeout_s = 2.0  # a batch not acknowledged by then is sent again
+reconnect_backoff_s = 0.1  # between attempts to reopen a link
+batch_bytes_max = 1024 * 1024  # stored bytes in one replication batch
+batch_messages_max = 10_000  # messages in one replication batch
+link_queue_max = 10_000  # requests waiting on one link
+
+
+def majority(count: int) -> int:
+    return count // 2 + 1
+
+
+def to_ranges(seqs: list[int]) -> list[tuple[int, int]]:
+    ranges: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if ranges and seq == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], seq)
+        else:
+            ranges.append((seq, seq))
+    return ranges
+
+
+class PeerLink:
+    """The Replicate call to one replica node."""
+
+    def __init__(self, *, node_id: str, address: Callable[[], str], pool: ChannelPool,
+                 on_ack: Callable[[str, replication_pb2.ReplicateAck], None],
+                 on_reset: Callable[[str], None]) -> None:
+        self.node_id = node_id
+        self._address = address
+        self._pool = pool
+        self._on_ack = on_ack
+        self._on_reset = on_reset
+        self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
+            link_queue_max)
+        self._task: asyncio.Task[None] | None = None
+        self.connected = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                            name=f"link-{self.node_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def send(self, request: replication_pb2.ReplicateRequest) -> bool:
+        try:
+            self._queue.put_nowait(request)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    async def _requests(self) -> AsyncIterator[replication_pb2.ReplicateRequest]:
+        while True:
+            yield await self._queue.get()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                stub: Any = replication_pb2_grpc.ReplicationStub(  # type: ignore[no-untyped-call]
+                    self._pool.get(self._address()))
+                call = stub.Replicate(self._requests())
+                self.connected = True
+                async for ack in call:
+                    self._on_ack(self.node_id, ack)
+            except asyncio.CancelledError:
+                raise
+            except (grpc.aio.AioRpcError, RaftlogError) as err:
+                log.debug("replication link to %s: %s", self.node_id, err)
+            except Exception:
+                log.exception("replication link to %s failed", self.node_id)
+            self.connected = False
+            # Requests queued for a broken call are lost; their streams resend.
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self._on_reset(self.node_id)
+            await asyncio.sleep(reconnect_backoff_s)
+
+
+@dataclass
+class ReplicaProgress:
+    node_id: str
+    match_seq: int = 0  # last seq the replica acknowledged at this epoch
+    next_seq: int | None = None  # next seq to send; None = ask the replica first
+    inflight_id: int = 0
+    inflight_sent_s: float = 0.0
+    last_sent_s: float = 0.0
+    acked_sent_s: float = -1e9  # send time of the latest acknowledged request (lease)
+    removed_cursor: int = 0
+    reseed: bool = False
+    pending_removed: list[int] = field(default_factory=list)
+
+
+class StreamReplicator:
+    """Replication of one stream this node leads; see the module docstring."""
+
+    def __init__(self, *, stream: Stream, node_id: str, replicas: tuple[str, ...], epoch: int,
+                 history: list[tuple[int, int]], links: LinkSet, clock: Clock) -> None:
+        self.stream = stream
+        self.node_id = node_id
+        self.epoch = epoch
+        self.history = history
+        self.replica_count = len(replicas)
+        self.progress = {n: ReplicaProgress(n) for n in replicas if n != node_id}
+        self._links = links
+        self._clock = clock
+        self._next_id = 1
+        self.stopped = False
+
+    # --- Replicator protocol (called by Stream)
+
+    def kick(self) -> None:
+        for progress in self.progress.values():
+            self._maybe_send(progress)
+
+    def on_local_durable(self) -> None:
+        self._recompute_commit()
+
+    def check_lease(self) -> None:
+        if self.lease_remaining_s() <= 0:
+            raise RaftlogError(Reason.NOT_PRIMARY, f"the primary of {self.stream.name!r} has "
+                               "not heard from a majority of its replicas within its lease",
+                               stream=self.stream.name)
+
+    # --- lease and commit
+
+    def lease_remaining_s(self) -> float:
+        now = self._clock.monotonic_s()
+        contacts = sorted([now, *(p.acked_sent_s for p in self.progress.values())],
+                          reverse=True)
+        return contacts[majority(self.replica_count) - 1] + lease_s - now
+
+    def _recompute_commit(self) -> None:
+        positions = sorted([self.stream.durable_seq,
+                            *(p.match_seq for p in self.progress.values())], reverse=True)
+        self.stream.set_commit_seq(positions[majority(self.replica_count) - 1])
+
+    # --- sending
+
+    def _maybe_send(self, progress: ReplicaProgress, *, heartbeat: bool = False) -> None:
+        if self.stopped or progress.inflight_id:
+            return
+        stream = self.stream
+        if progress.next_seq is not None and progress.next_seq < stream.first_seq and \
+                progress.next_seq <= stream.last_seq:
+            progress.reseed = True
+            progress.next_seq = stream.first_seq
+        unsent = progress.next_seq is not None and progress.next_seq <= stream.last_seq
+        removed = stream.removed_log[progress.removed_cursor:]
+        if not (unsent or removed or heartbeat or progress.next_seq is None):
+            return
+        request = replication_pb2.ReplicateRequest(
+            stream=stream.name, epoch=self.epoch, primary=self.node_id,
+            commit_seq=stream.commit_seq, head_seq=stream.first_seq,
+            history=[raft_pb2.EpochStart(fence_epoch=e, start_seq=s) for e, s in self.history],
+            first_seq=progress.next_seq or stream.last_seq + 1, reseed=progress.reseed,
+            request_id=self._next_id,
+        )
+        if unsent and progress.next_seq is not None:
+            values = stream.stored_values(
+                from_seq=progress.next_seq,
+                to_seq=min(stream.last_seq, progress.next_seq + batch_messages_max - 1),
+                bytes_max=batch_bytes_max)
+            request.messages.extend(values)
+            request.checksum = zlib.crc32(b"".join(values))
+        if removed:
+            request.removed.extend(replication_pb2.SeqRange(first=a, last=b)
+                                   for a, b in to_ranges(removed))
+            progress.pending_removed = removed
+        if not self._links.send(progress.node_id, request):
+            return
+        now = self._clock.monotonic_s()
+        progress.inflight_id = self._next_id
+        progress.inflight_sent_s = now
+        progress.last_sent_s = now
+        self._next_id += 1
+
+    def tick(self) -> None:
+        now = self._clock.monotonic_s()
+        for progress in self.progress.values():
+            if progress.inflight_id and now - progress.inflight_sent_s > request_timeout_s:
+                progress.inflight_id = 0  # lost; send again
+                progress.next_seq = None
+            if now - progress.last_sent_s >= heartbeat_s:
+                self._maybe_send(progress, heartbeat=True)
+            else:
+                self._maybe_send(progress)
+
+    def on_reset(self, node_id: str) -> None:
+        progress = self.progress.get(node_id)
+        if progress is not None:
+            progress.inflight_id = 0
+            progress.next_seq = None
+
+    # --- acks
+
+    def on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
+        progress = self.progress.get(node_id)
+        if progress is None or ack.request_id != progress.inflight_id:
+            return
+        progress.inflight_id = 0
+        if ack.refused:
+            self._on_refused(progress, ack)
+            return
+        if ack.epoch != self.epoch:
+            return
+        progress.match_seq = ack.last_seq
+        progress.next_seq = ack.last_seq + 1
+        progress.reseed = False
+        progress.acked_sent_s = max(progress.acked_sent_s, progress.inflight_sent_s)
+        if progress.pending_removed:
+            progress.removed_cursor += len(progress.pending_removed)
+            progress.pending_removed = []
+            self._trim_removed_log()
+        self._recompute_commit()
+        self._maybe_send(progress)
+
+    def _on_refused(self, progress: ReplicaProgress, ack: replication_pb2.ReplicateAck) -> None:
+        progress.pending_removed = []
+        if ack.refused == Reason.STALE_EPOCH.name and ack.replica_epoch > self.epoch:
+            log.warning("stream %s: replica %s is at epoch %d, above ours (%d); stepping down",
+                        self.stream.name, progress.node_id, ack.replica_epoch, self.epoch)
+            self.stop()
+            self.stream.depose(RaftlogError(
+                Reason.NOT_PRIMARY, f"this node is no longer the primary of "
+                f"{self.stream.name!r} (fence epoch {ack.replica_epoch} exists)",
+                stream=self.stream.name))
+            return
+        if ack.refused == Reason.SEQ_GAP.name:
+            progress.next_seq = ack.last_seq + 1
+            self._maybe_send(progress)
+            return
+        log.info("stream %s: replica %s refused a batch: %s %s", self.stream.name,
+                 progress.node_id, ack.refused, ack.message)
+        progress.next_seq = None
+
+    def _trim_removed_log(self) -> None:
+        done = min(p.removed_cursor for p in self.progress.values())
+        if done:
+            del self.stream.removed_log[:done]
+            for progress in self.progress.values():
+                progress.removed_cursor -= done
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class LinkSet:
+    """Links to every replica node, created on first use; routes acks to replicators."""
+
+    def __init__(self, *, pool: ChannelPool, address_of: Callable[[str], str]) -> None:
+        self._pool = pool
+        self._address_of = address_of
+        self._links: dict[str, PeerLink] = {}
+        self.replicators: dict[str, StreamReplicator] = {}
+
+    def send(self, node_id: str, request: replication_pb2.ReplicateRequest) -> bool:
+        link = self._links.get(node_id)
+        if link is None:
+            link = PeerLink(node_id=node_id, address=lambda: self._address_of(node_id),
+                            pool=self._pool, on_ack=self._on_ack, on_reset=self._on_reset)
+            link.start()
+            self._links[node_id] = link
+        return link.send(request)
+
+    def _on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
+        replicator = self.replicators.get(ack.stream)
+        if replicator is not None:
+            replicator.on_ack(node_id, ack)
+
+    def _on_reset(self, node_id: str) -> None:
+        for replicator in self.replicators.values():
+            replicator.on_reset(node_id)
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            await link.stop()
+        self._links.clear()
+
+
+class ReplicationManager:
+    """The streams this node leads with replication factor > 1, and their ticking."""
+
+    def __init__(self, *, node_id: str, pool: ChannelPool, address_of: Callable[[str], str],
+                 clock: Clock) -> None:
+        self.node_id = node_id
+        self.links = LinkSet(pool=pool, address_of=address_of)
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._tick_forever(),
+                                                            name="replication-tick")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for name in list(self.links.replicators):
+            self.release(name)
+        await self.links.close()
+
+    def lead(self, stream: Stream, *, replicas: tuple[str, ...], epoch: int,
+             history: list[tuple[int, int]]) -> None:
+        """Starts (or restarts, at a new epoch) replicating a stream this node is primary of."""
+        current = self.links.replicators.get(stream.name)
+        if current is not None and current.epoch == epoch and \
+                set(current.progress) == {n for n in replicas if n != self.node_id}:
+            return
+        self.release(stream.name)
+        if len(replicas) <= 1:
+            stream.replicator = None
+            return
+        replicator = StreamReplicator(stream=stream, node_id=self.node_id, replicas=replicas,
+                                      epoch=epoch, history=history, links=self.links,
+                                      clock=self._clock)
+        self.links.replicators[stream.name] = replicator
+        stream.replicator = replicator
+        replicator.kick()
+
+    def release(self, name: str) -> None:
+        replicator = self.links.replicators.pop(name, None)
+        if replicator is not None:
+            replicator.stop()
+            if replicator.stream.replicator is replicator:
+                replicator.stream.replicator = None
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(heartbeat_s / 2)
+            for replicator in list(self.links.replicators.values()):
+                try:
+                    replicator.tick()
+                except Exception:
+                    log.exception("replication tick of %s failed", replicator.stream.name)
