@@ -36,6 +36,7 @@ register_retry_s = 0.2  # between attempts to register this node
 reconcile_queue_max = 100_000  # streams waiting to be reconciled
 watch_queue_max = 10_000  # events buffered per watcher; a slower watcher is dropped
 retry_after_ms = 250  # hint sent with NO_LEADER
+ready_poll_s = 0.05  # while waiting for the metadata to catch up after a start
 
 _WATCH_TYPES = {
     "stream_create": cluster_pb2.WATCH_EVENT_TYPE_STREAM_CREATED,
@@ -248,7 +249,15 @@ class ClusterNode:
         for name in {*names, *self.engine.streams}:
             self.queue(name)
 
+    async def _wait_caught_up(self) -> None:
+        """Until this node has applied what the leader had committed when it started: before
+        that, a stream missing from the state may only be a command not yet replayed."""
+        while not self.group.status().ready:
+            await asyncio.sleep(ready_poll_s)
+        log.info("metadata caught up; reconciling %d streams", self._reconcile.qsize())
+
     async def _reconcile_forever(self) -> None:
+        await self._wait_caught_up()
         while True:
             name = await self._reconcile.get()
             if name is None:
@@ -318,9 +327,10 @@ class ClusterNode:
     async def ensure_replica(self, name: str) -> Stream:
         """The local copy of a stream this node is a replica of, created when missing."""
         assignment = self.state.streams.get(name)
-        if assignment is None or self.node_id not in assignment.replicas:
+        if assignment is None or self.node_id not in assignment.replicas or \
+                not self.group.status().ready:
             raise RaftlogError(Reason.STREAM_NOT_FOUND,
-                               f"this node holds no copy of {name!r}", stream=name)
+                               f"this node holds no copy of {name!r} (yet)", stream=name)
         await self.reconcile(name)
         return self.engine.get(name)
 

@@ -23,6 +23,8 @@ HOPS_HEADER = "raftlog-hops"
 hops_max = 3  # a call forwarded more often than this is refused (HOP_LIMIT)
 forward_timeout_s_default = 30.0  # when the caller set no deadline
 channels_max = 64  # pooled channels to other nodes; the least recently used is closed beyond
+reconnect_backoff_ms = 100
+reconnect_backoff_ms_max = 1000
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -85,6 +87,11 @@ class ChannelPool:
             channel = grpc.aio.insecure_channel(address, options=[
                 ("grpc.max_receive_message_length", -1),
                 ("grpc.max_send_message_length", -1),
+                # A node that restarts is reachable again within a second, not after grpc's
+                # default backoff of up to two minutes.
+                ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_ms),
+                ("grpc.min_reconnect_backoff_ms", reconnect_backoff_ms),
+                ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
             ])
             if len(self._channels) >= channels_max:
                 oldest = next(iter(self._channels))

@@ -70,7 +70,13 @@ class PeerLink:
         self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
             link_queue_max)
         self._task: asyncio.Task[None] | None = None
+        self._call: Any = None
         self.connected = False
+
+    def restart(self) -> None:
+        """Abandons the current call (a peer that stopped answering keeps it open)."""
+        if self._call is not None:
+            self._call.cancel()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(),
@@ -98,11 +104,13 @@ class PeerLink:
                 stub: Any = replication_pb2_grpc.ReplicationStub(  # type: ignore[no-untyped-call]
                     self._pool.get(self._address()))
                 call = stub.Replicate(self._requests())
+                self._call = call
                 self.connected = True
                 async for ack in call:
                     self._on_ack(self.node_id, ack)
             except asyncio.CancelledError:
-                raise
+                if self._call is None or not self._call.cancelled():
+                    raise
             except (grpc.aio.AioRpcError, RaftlogError) as err:
                 log.debug("replication link to %s: %s", self.node_id, err)
             except Exception:
@@ -217,8 +225,9 @@ class StreamReplicator:
         now = self._clock.monotonic_s()
         for progress in self.progress.values():
             if progress.inflight_id and now - progress.inflight_sent_s > request_timeout_s:
-                progress.inflight_id = 0  # lost; send again
+                progress.inflight_id = 0  # lost; send again on a fresh call
                 progress.next_seq = None
+                self._links.restart(progress.node_id)
             if now - progress.last_sent_s >= heartbeat_s:
                 self._maybe_send(progress, heartbeat=True)
             else:
@@ -300,6 +309,11 @@ class LinkSet:
             link.start()
             self._links[node_id] = link
         return link.send(request)
+
+    def restart(self, node_id: str) -> None:
+        link = self._links.get(node_id)
+        if link is not None:
+            link.restart()
 
     def _on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
         replicator = self.replicators.get(ack.stream)
