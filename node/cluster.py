@@ -19,10 +19,11 @@ from collections.abc import Iterable
 
 from raftlog.node.clock import Clock
 from raftlog.node.config import NodeConfig
+from raftlog.node.consumer_raft import RaftConsumerStore
 from raftlog.node.consumers import ConsumerManager
 from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.ring import Ring
 from raftlog.node.replication import ReplicationManager
+from raftlog.node.ring import Ring
 from raftlog.node.stream import ROLE_PRIMARY, Stream
 from raftlog.node.streams import StreamEngine
 from raftlog.raft.api import Applied, LeaderChange, MetaGroup, ensure_ok
@@ -71,8 +72,10 @@ def command_stream(command: raft_pb2.RaftCommand) -> str:
 class ClusterNode:
     def __init__(self, *, config: NodeConfig, group: MetaGroup, engine: StreamEngine,
                  consumers: ConsumerManager, clock: Clock,
-                 replication: ReplicationManager | None = None) -> None:
+                 replication: ReplicationManager | None = None,
+                 consumer_store: RaftConsumerStore | None = None) -> None:
         self.config = config
+        self.consumer_store = consumer_store
         self.replication = replication
         self.node_id = config.name
         self.group = group
@@ -311,11 +314,16 @@ class ClusterNode:
         if promoted:
             log.info("leading stream %s at fence epoch %d from seq %d", local.name,
                      assignment.fence_epoch, assignment.epoch_start_seq)
-            # Consumer state may have moved on elsewhere: read it again from the cluster.
-            self.consumers.detach_stream(local.name)
-            self.consumers.attach_stream(local, retention=assignment.config.retention,
-                                         subjects=list(assignment.config.subjects))
-        await self._reconcile_consumers(assignment)
+            await self._reload_consumers(local, assignment)
+
+    async def _reload_consumers(self, local: Stream, assignment: StreamAssignment) -> None:
+        """Consumer state may have moved on elsewhere (a former primary acked): read it again
+        from the cluster, after every ack committed so far is applied here."""
+        if self.consumer_store is not None:
+            await self.consumer_store.catch_up()
+        self.consumers.detach_stream(local.name)
+        self.consumers.attach_stream(local, retention=assignment.config.retention,
+                                     subjects=list(assignment.config.subjects))
 
     def _follow(self, local: Stream) -> None:
         if self.replication is not None:
@@ -334,9 +342,3 @@ class ClusterNode:
         await self.reconcile(name)
         return self.engine.get(name)
 
-    async def _reconcile_consumers(self, assignment: StreamAssignment) -> None:
-        committed = self.state.consumers.get(assignment.name, {})
-        local = {info.config.name for info in self.consumers.list(assignment.name)}
-        for name, consumer in list(committed.items()):
-            if name not in local:
-                await self.consumers.create(assignment.name, consumer.config)

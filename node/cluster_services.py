@@ -214,17 +214,19 @@ class ClusterConsumersService(ConsumersService):
         config = validate_consumer_config(request.config,
                                           stream_subjects=list(assignment.config.subjects))
         committed = self._cluster.state.consumers.get(request.stream, {}).get(config.name)
-        info = await self._manager.create(request.stream, config)
-        if committed is None:
-            try:
-                await self._cluster.propose(raft_pb2.RaftCommand(
-                    consumer_create=raft_pb2.ConsumerCreate(stream=request.stream,
-                                                            config=config)),
-                    timeout_s=context.time_remaining())
-            except RaftlogError:
-                await self._manager.delete(request.stream, config.name)
-                raise
-        return info
+        if committed is not None:
+            return await self._manager.create(request.stream, config)  # same config: idempotent
+        # Committed first: the consumer's acks are committed through the cluster and refer
+        # to it; if the local create then fails, the cluster forgets the consumer again.
+        await self._cluster.propose(raft_pb2.RaftCommand(consumer_create=raft_pb2.ConsumerCreate(
+            stream=request.stream, config=config)), timeout_s=context.time_remaining())
+        try:
+            return await self._manager.create(request.stream, config)
+        except RaftlogError:
+            await self._cluster.propose(raft_pb2.RaftCommand(
+                consumer_delete=raft_pb2.ConsumerDelete(stream=request.stream,
+                                                        consumer=config.name)))
+            raise
 
     @rpc.unary
     async def DeleteConsumer(self, request: consumers_pb2.DeleteConsumerRequest,

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from raftlog.node import limits
+from raftlog.node import subjects as subject_rules
 from raftlog.node.clock import Clock
 from raftlog.node.consumer_config import check_work_queue_filter, validate_config
 from raftlog.node.consumer_state import DeliveryState
@@ -185,8 +186,14 @@ def dead_letter_headers(stream: str, consumer: str, entry: LogEntry, *,
     return entry.headers + tuple(zip(DLQ_HEADERS, values, strict=True))
 
 
-def _present_in(log: StreamLog) -> Callable[[int], bool]:
-    return lambda seq: log.read(seq) is not None
+def _present_in(log: StreamLog, filter_subject: str = "") -> Callable[[int], bool]:
+    """Whether a seq still holds a message this consumer could be handed (after a failover
+    the cluster's record cannot tell a delivered seq from one the filter skipped)."""
+    def present(seq: int) -> bool:
+        entry = log.peek(seq)
+        return entry is not None and (
+            not filter_subject or subject_rules.matches(filter_subject, entry.subject))
+    return present
 
 
 class ConsumerManager:
@@ -207,7 +214,8 @@ class ConsumerManager:
         now_s = self._clock.monotonic_s()
         for record in self._store.load(log.name):
             state = DeliveryState.from_record(record, now_s=now_s)
-            state.forget_removed(first_seq=log.first_seq, exists=_present_in(log))
+            state.forget_removed(first_seq=log.first_seq,
+                                 exists=_present_in(log, state.config.filter_subject))
             self._add(stream, state)
         self._streams[log.name] = stream
 

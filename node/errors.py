@@ -54,6 +54,8 @@ class Reason(enum.Enum):
     SEQ_GAP = "FAILED_PRECONDITION"
     LAST_MEMBER = "FAILED_PRECONDITION"
     MEMBERSHIP_CHANGE_IN_PROGRESS = "FAILED_PRECONDITION"
+    NODE_IN_USE = "FAILED_PRECONDITION"  # a member that still holds streams cannot leave
+    STREAM_PINNED = "FAILED_PRECONDITION"  # a pinned stream keeps its authority
     # RESOURCE_EXHAUSTED: a limit or a full queue.
     TOO_MANY_STREAMS = "RESOURCE_EXHAUSTED"
     TOO_MANY_CONSUMERS = "RESOURCE_EXHAUSTED"

@@ -49,6 +49,10 @@ class StreamLog(Protocol):
         """The message at seq, or None if removed or never committed."""
         ...
 
+    def peek(self, seq: int) -> LogEntry | None:
+        """Like read, whatever this node's role (the stored copy, for bookkeeping)."""
+        ...
+
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
         """Committed messages with seq >= from_seq matching the filter, in seq order, at most
         `limit` of them (the scan may also stop early after examining a bounded number)."""
@@ -113,6 +117,9 @@ class MemoryStreamLog:
         return self.last_seq
 
     def read(self, seq: int) -> LogEntry | None:
+        return self.entries.get(seq)
+
+    def peek(self, seq: int) -> LogEntry | None:
         return self.entries.get(seq)
 
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:

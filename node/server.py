@@ -22,9 +22,12 @@ from raftlog.node.cluster import ClusterNode
 from raftlog.node.cluster_admin import ClusterService
 from raftlog.node.cluster_services import ClusterConsumersService, ClusterStreamsService
 from raftlog.node.config import NodeConfig
+from raftlog.node.consumer_raft import RaftConsumerStore
 from raftlog.node.consumer_records import RocksConsumerStore
 from raftlog.node.consumer_service import ConsumersService
+from raftlog.node.consumer_store import ConsumerStore
 from raftlog.node.consumers import ConsumerManager
+from raftlog.node.errors import InvariantViolation
 from raftlog.node.failover import FailoverCoordinator, LivenessMonitor
 from raftlog.node.forwarding import ChannelPool, RoutingInterceptor
 from raftlog.node.replica import ReplicationService
@@ -57,50 +60,64 @@ class Node:
     """Everything one node owns; `start` and `stop` run on the event loop."""
 
     def __init__(self, config: NodeConfig, *, clock: Clock | None = None) -> None:
+        """Opens the storage and, in cluster mode, joins the metadata group: call on the main
+        thread (pysyncobj's tick thread lives as long as the thread that constructs it)."""
         self.config = config
         self.clock = clock or SystemClock()
         self.storage = Storage(config.data_dir)
         self.committer = GroupCommitter(self.storage)
-        self._engine: StreamEngine | None = None
-        store = RocksConsumerStore(storage=self.storage, committer=self.committer,
-                                   stream_id=lambda name: self.engine.get(name).stream_id)
-        self.consumers = ConsumerManager(store=store, clock=self.clock)
-        self.engine = StreamEngine(storage=self.storage, committer=self.committer,
-                                   clock=self.clock, consumers=self.consumers,
-                                   follow_raft=bool(config.raft_address))
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.pool = ChannelPool()
         self.group: RaftGroup | None = None
         self.cluster: ClusterNode | None = None
+        self.raft_consumers: RaftConsumerStore | None = None
+        store: ConsumerStore
+        if config.raft_address:
+            self.group = self._join_raft()
+            self.raft_consumers = RaftConsumerStore(group=self.group, clock=self.clock)
+            store = self.raft_consumers
+        else:
+            store = RocksConsumerStore(storage=self.storage, committer=self.committer,
+                                       stream_id=lambda name: self.engine.get(name).stream_id)
+        self.consumers = ConsumerManager(store=store, clock=self.clock)
+        self.engine = StreamEngine(storage=self.storage, committer=self.committer,
+                                   clock=self.clock, consumers=self.consumers,
+                                   follow_raft=bool(config.raft_address))
+        if self.group is not None:
+            self.cluster = self._cluster(self.group)
 
-    def _start_raft(self) -> ClusterNode:
-        """Joins the metadata group; must run on the main thread (pysyncobj's tick thread
-        lives as long as the thread that constructs it)."""
-        callbacks: dict[str, ClusterNode] = {}
-        self.group = RaftGroup(
+    def _join_raft(self) -> RaftGroup:
+        return RaftGroup(
             self_address=self.config.raft_address,
             peers=list(self.config.peers),
             journal_db=self.storage.db,
             journal_cfs=(CF_RAFT_LOG, CF_RAFT_META),
             snapshot_path=self.config.data_dir / "raft" / "snapshot.pb",
             secret=self.config.cluster_secret,
-            on_applied=lambda event: callbacks["cluster"].on_applied(event),
-            on_leader_change=lambda event: callbacks["cluster"].on_leader_change(event),
+            on_applied=lambda event: self._cluster_node().on_applied(event),
+            on_leader_change=lambda event: self._cluster_node().on_leader_change(event),
             clock=self.clock,
         )
-        cluster = ClusterNode(config=self.config, group=self.group, engine=self.engine,
-                              consumers=self.consumers, clock=self.clock)
+
+    def _cluster_node(self) -> ClusterNode:
+        if self.cluster is None:
+            raise InvariantViolation("a metadata event arrived before the cluster was built")
+        return self.cluster
+
+    def _cluster(self, group: RaftGroup) -> ClusterNode:
+        cluster = ClusterNode(config=self.config, group=group, engine=self.engine,
+                              consumers=self.consumers, clock=self.clock,
+                              consumer_store=self.raft_consumers)
         cluster.replication = ReplicationManager(
             node_id=cluster.node_id, pool=self.pool, address_of=cluster.member_address,
             clock=self.clock)
         self.liveness = LivenessMonitor(node_id=cluster.node_id, members=cluster.member_addresses,
                                         pool=self.pool, clock=self.clock)
-        self.failover = FailoverCoordinator(node_id=cluster.node_id, group=self.group,
+        self.failover = FailoverCoordinator(node_id=cluster.node_id, group=group,
                                             liveness=self.liveness, pool=self.pool,
                                             clock=self.clock)
-        callbacks["cluster"] = cluster
         return cluster
 
     def _services(self, server: grpc.aio.Server) -> tuple[str, ...]:
@@ -124,8 +141,7 @@ class Node:
         self.engine.load()
         self.engine.start()
         interceptors = []
-        if self.config.raft_address:
-            self.cluster = self._start_raft()
+        if self.cluster is not None:
             await self.cluster.start()
             assert self.cluster.replication is not None
             self.cluster.replication.start()
@@ -161,6 +177,8 @@ class Node:
             if self.cluster.replication is not None:
                 await self.cluster.replication.stop()
             await self.cluster.stop()
+        if self.raft_consumers is not None:
+            await self.raft_consumers.close()
         if self.group is not None:
             self.group.close()
         await self.pool.close()

@@ -241,6 +241,9 @@ class Stream:
 
     def read(self, seq: int) -> LogEntry | None:
         self.check_readable()
+        return self.peek(seq)
+
+    def peek(self, seq: int) -> LogEntry | None:
         stored = self._read_stored(seq) if 0 < seq <= self._commit_seq else None
         return None if stored is None else to_entry(seq, stored)
 
