@@ -75,6 +75,7 @@ class StreamRecord(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
+    FENCED_EPOCH_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     created_ms: _builtins.int
     first_seq: _builtins.int
@@ -85,6 +86,8 @@ class StreamRecord(_message.Message):
     messages: _builtins.int
     """Stored messages and their bytes, kept in the same WriteBatch as every change."""
     bytes: _builtins.int
+    fenced_epoch: _builtins.int
+    """Batches below this epoch are refused (set by a failover survey before the epoch exists)."""
     @_builtins.property
     def config(self) -> _types_pb2.StreamConfig: ...
     def __init__(
@@ -98,10 +101,11 @@ class StreamRecord(_message.Message):
         epoch: _builtins.int = ...,
         messages: _builtins.int = ...,
         bytes: _builtins.int = ...,
+        fenced_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "config", b"config", "created_ms", b"created_ms", "epoch", b"epoch", "first_seq", b"first_seq", "last_seq", b"last_seq", "messages", b"messages", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "config", b"config", "created_ms", b"created_ms", "epoch", b"epoch", "fenced_epoch", b"fenced_epoch", "first_seq", b"first_seq", "last_seq", b"last_seq", "messages", b"messages", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
