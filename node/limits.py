@@ -54,7 +54,7 @@ subscribe_batch_default = 64
 subscribe_heartbeat_ms_default = 5_000
 
 # Shutdown.
-drain_grace_s = 5.0
+drain_grace_s = 2.0
 
 # Consumers (appended).
 acked_above_floor_max = 100_000  # acked seqs above a consumer's ack floor; new deliveries pause

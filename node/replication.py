@@ -71,11 +71,13 @@ class PeerLink:
             link_queue_max)
         self._task: asyncio.Task[None] | None = None
         self._call: Any = None
+        self._restarting = False
         self.connected = False
 
     def restart(self) -> None:
         """Abandons the current call (a peer that stopped answering keeps it open)."""
-        if self._call is not None:
+        if self._call is not None and not self._restarting:
+            self._restarting = True
             self._call.cancel()
 
     def start(self) -> None:
@@ -103,18 +105,19 @@ class PeerLink:
             try:
                 stub: Any = replication_pb2_grpc.ReplicationStub(  # type: ignore[no-untyped-call]
                     self._pool.get(self._address()))
-                call = stub.Replicate(self._requests())
-                self._call = call
+                self._call = stub.Replicate(self._requests())
                 self.connected = True
-                async for ack in call:
+                async for ack in self._call:
                     self._on_ack(self.node_id, ack)
             except asyncio.CancelledError:
-                if self._call is None or not self._call.cancelled():
-                    raise
+                if not self._restarting:
+                    raise  # the link itself is being stopped
             except (grpc.aio.AioRpcError, RaftlogError) as err:
                 log.debug("replication link to %s: %s", self.node_id, err)
             except Exception:
                 log.exception("replication link to %s failed", self.node_id)
+            self._call = None
+            self._restarting = False
             self.connected = False
             # Requests queued for a broken call are lost; their streams resend.
             while not self._queue.empty():
