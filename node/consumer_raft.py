@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from raftlog.node import limits
@@ -73,6 +73,7 @@ class PendingSave:
     acked: set[int]  # all above ack_floor
     delivered_seq: int
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    fence_epoch: int = 0  # the saving primary's epoch (0 = unchecked)
 
     @property
     def key(self) -> Key:
@@ -90,11 +91,14 @@ class PendingSave:
         self.ack_floor = max(self.ack_floor, later.ack_floor)
         self.acked = {seq for seq in self.acked | later.acked if seq > self.ack_floor}
         self.delivered_seq = max(self.delivered_seq, later.delivered_seq)
+        self.fence_epoch = max(self.fence_epoch, later.fence_epoch)
 
     def progress(self, acked: Iterable[int] = ()) -> raft_pb2.ConsumerProgress:
-        return commands.consumer_progress(stream=self.stream, consumer=self.consumer,
-                                          ack_floor=self.ack_floor, acked=acked,
-                                          delivered_seq=self.delivered_seq)
+        progress = commands.consumer_progress(stream=self.stream, consumer=self.consumer,
+                                              ack_floor=self.ack_floor, acked=acked,
+                                              delivered_seq=self.delivered_seq)
+        progress.fence_epoch = self.fence_epoch
+        return progress
 
     def size_bytes(self) -> int:
         """Bytes this save adds to a ConsumerStateUpdate (before any split)."""
@@ -114,7 +118,11 @@ class RaftConsumerStore:
                  coalesce_ms: float = coalesce_ms,
                  propose_timeout_s: float = propose_timeout_s,
                  pending_saves_max: int = pending_saves_max,
-                 redeliveries_on_load_max: int = redeliveries_on_load_max) -> None:
+                 redeliveries_on_load_max: int = redeliveries_on_load_max,
+                 epoch_of: Callable[[str], int] | None = None) -> None:
+        """`epoch_of(stream)` is the fence epoch this node leads the stream at; saves carry it
+        so that the cluster refuses acks taken by a primary that was replaced meanwhile."""
+        self._epoch_of = epoch_of
         self._group = group
         self._clock = clock
         self._coalesce_s = coalesce_ms / 1000
@@ -152,6 +160,8 @@ class RaftConsumerStore:
             raise RaftlogError(Reason.INVALID_ARGUMENT, "a consumer record needs a name",
                                stream=stream)
         save = PendingSave.from_record(stream, record)
+        if self._epoch_of is not None:
+            save.fence_epoch = self._epoch_of(stream)
         if not self._drop_committed(save):
             return  # the committed state already holds all of it
         if self._waiting >= self._pending_saves_max:
@@ -408,6 +418,8 @@ def _command_errors(sent: _Command, result: raft_pb2.RaftResult
     for skipped in result.skipped:
         key = (skipped.stream, skipped.consumer)
         reason = Reason.__members__.get(skipped.reason, Reason.INTERNAL)
+        if reason is Reason.STALE_EPOCH:  # a new primary took over: the client retries there
+            reason = Reason.NOT_PRIMARY
         yield key, RaftlogError(
             reason, f"consumer state of {key[0]}/{key[1]} was not committed: the metadata "
             f"group skipped it ({skipped.reason})", stream=key[0], consumer=key[1],

@@ -76,7 +76,8 @@ class Node:
         store: ConsumerStore
         if config.raft_address:
             self.group = self._join_raft()
-            self.raft_consumers = RaftConsumerStore(group=self.group, clock=self.clock)
+            self.raft_consumers = RaftConsumerStore(group=self.group, clock=self.clock,
+                                                    epoch_of=self._leading_epoch)
             store = self.raft_consumers
         else:
             store = RocksConsumerStore(storage=self.storage, committer=self.committer,
@@ -87,6 +88,11 @@ class Node:
                                    follow_raft=bool(config.raft_address))
         if self.group is not None:
             self.cluster = self._cluster(self.group)
+
+    def _leading_epoch(self, name: str) -> int:
+        """The fence epoch this node leads a stream at (consumer acks carry it)."""
+        stream = self.engine.streams.get(name)
+        return stream.record.epoch if stream is not None else 0
 
     def _join_raft(self) -> RaftGroup:
         return RaftGroup(

@@ -453,8 +453,12 @@ def _consumer_state_update(state: MetaState, command: raft_pb2.RaftCommand
         result.skipped.add(stream=progress.stream, consumer=progress.consumer, reason=reason.name)
 
     for progress in updates:
-        if progress.stream not in state.streams:
+        stream = state.streams.get(progress.stream)
+        if stream is None:
             skip(progress, Reason.STREAM_NOT_FOUND)
+            continue
+        if progress.fence_epoch and progress.fence_epoch < stream.fence_epoch:
+            skip(progress, Reason.STALE_EPOCH)
             continue
         consumer = state.consumers.get(progress.stream, {}).get(progress.consumer)
         if consumer is None:

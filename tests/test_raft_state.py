@@ -692,3 +692,32 @@ class MetaStateMachine(RuleBasedStateMachine):
 MetaStateMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
                                               deadline=None)
 test_meta_state_machine = MetaStateMachine.TestCase
+
+
+def test_consumer_progress_from_an_older_epoch_is_skipped() -> None:
+    from raftlog.raft.state import MetaState, apply
+    from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
+
+    state = MetaState()
+    for command in (
+        raft_pb2.RaftCommand(now_ms=1, member_join=raft_pb2.MemberJoin(
+            node_id="a", raft_address="a:1", grpc_address="a:2")),
+        raft_pb2.RaftCommand(now_ms=1, member_join=raft_pb2.MemberJoin(
+            node_id="b", raft_address="b:1", grpc_address="b:2")),
+        raft_pb2.RaftCommand(now_ms=1, stream_create=raft_pb2.StreamCreate(
+            config=types_pb2.StreamConfig(name="s"), replicas=["a", "b"], primary="a")),
+        raft_pb2.RaftCommand(now_ms=1, consumer_create=raft_pb2.ConsumerCreate(
+            stream="s", config=consumers_pb2.ConsumerConfig(name="c"))),
+        raft_pb2.RaftCommand(now_ms=2, stream_promote=raft_pb2.StreamPromote(
+            stream="s", new_primary="b", new_fence_epoch=2, epoch_start_seq=5)),
+    ):
+        assert apply(state, command).ok
+    stale = apply(state, raft_pb2.RaftCommand(now_ms=3, consumer_state_update=(
+        raft_pb2.ConsumerStateUpdate(updates=[raft_pb2.ConsumerProgress(
+            stream="s", consumer="c", ack_floor=9, fence_epoch=1)]))))
+    assert [s.reason for s in stale.skipped] == ["STALE_EPOCH"]
+    assert state.consumers["s"]["c"].ack_floor == 0
+    current = apply(state, raft_pb2.RaftCommand(now_ms=3, consumer_state_update=(
+        raft_pb2.ConsumerStateUpdate(updates=[raft_pb2.ConsumerProgress(
+            stream="s", consumer="c", ack_floor=9, fence_epoch=2)]))))
+    assert current.updates_applied == 1 and state.consumers["s"]["c"].ack_floor == 9

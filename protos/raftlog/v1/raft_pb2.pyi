@@ -497,12 +497,18 @@ class ConsumerProgress(_message.Message):
     ACK_FLOOR_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
     DELIVERED_SEQ_FIELD_NUMBER: _builtins.int
+    FENCE_EPOCH_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     consumer: _builtins.str
     ack_floor: _builtins.int
     """Every seq at or below is acknowledged. A lower floor than the stored one is ignored."""
     delivered_seq: _builtins.int
     """Highest seq handed out; a lower value than the stored one is ignored."""
+    fence_epoch: _builtins.int
+    """Fence epoch of the primary that took these acks; below the stream's current epoch the
+    update is skipped (STALE_EPOCH): a deposed primary cannot commit acks the new one did not
+    load. 0 = not checked.
+    """
     @_builtins.property
     def acked(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Acknowledged seqs above the floor; merged into the stored set."""
@@ -515,10 +521,11 @@ class ConsumerProgress(_message.Message):
         ack_floor: _builtins.int = ...,
         acked: _abc.Iterable[_builtins.int] | None = ...,
         delivered_seq: _builtins.int = ...,
+        fence_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked", b"acked", "consumer", b"consumer", "delivered_seq", b"delivered_seq", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked", b"acked", "consumer", b"consumer", "delivered_seq", b"delivered_seq", "fence_epoch", b"fence_epoch", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
