@@ -33,6 +33,7 @@ from raftlog.node.cli_base import (
     address,
     address_list,
     common_options,
+    seconds,
     typed,
     warn,
 )
@@ -151,6 +152,14 @@ def _add_node(commands: Any) -> None:
         help="Raft addresses of the other members, comma-separated",
     )
     node.add_argument(
+        "--replace-dead-after",
+        default=seconds(os.environ.get("RAFTLOG_REPLACE_DEAD_AFTER", "30s")),
+        metavar="DURATION",
+        type=typed(seconds),
+        help="re-create a replica held by a member silent this long elsewhere "
+        "(default 30s, or $RAFTLOG_REPLACE_DEAD_AFTER)",
+    )
+    node.add_argument(
         "--secret-file",
         type=Path,
         metavar="FILE",
@@ -192,6 +201,7 @@ def _run_node(args: argparse.Namespace) -> int:
         peers=tuple(args.peers),
         cluster_secret=secret,
         log_level=args.log_level,
+        replace_dead_after_s=args.replace_dead_after,
     )
     return server.run(config)
 

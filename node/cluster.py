@@ -281,11 +281,12 @@ class ClusterNode:
         if assignment is None or self.node_id not in assignment.replicas:
             if self.replication is not None:
                 self.replication.release(name)
-            if local is not None and assignment is None:
-                log.info("stream %s was deleted; removing the local copy", name)
+            if local is not None:
+                if local.role == ROLE_PRIMARY:
+                    local.depose(self._not_primary(name))
+                log.info("stream %s %s; removing the local copy", name,
+                         "was deleted" if assignment is None else "moved off this node")
                 await self.engine.delete(name)
-            elif local is not None and local.role == ROLE_PRIMARY:
-                local.depose(self._not_primary(name))
             return
         if local is None:
             log.info("stream %s has a copy here; creating it", name)

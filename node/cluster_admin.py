@@ -15,11 +15,13 @@ from raftlog.node.cluster import ClusterNode
 from raftlog.node.cluster_services import list_node
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.node.forwarding import ChannelPool, outgoing_metadata, relay_error, remaining_s
+from raftlog.node.placement import Placement
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, raft_pb2
 
 Context = grpc.aio.ServicerContext[Any, Any]
 fanout_timeout_s = 5.0
 membership_timeout_s = 10.0
+rebalance_steps_max = 1_000
 
 _HEALTH = {
     raft_pb2.MEMBER_STATUS_ALIVE: cluster_pb2.NODE_HEALTH_ALIVE,
@@ -35,9 +37,10 @@ def skew(values: list[int]) -> float:
 
 
 class ClusterService(cluster_pb2_grpc.ClusterServicer):
-    def __init__(self, cluster: ClusterNode, pool: ChannelPool) -> None:
+    def __init__(self, cluster: ClusterNode, pool: ChannelPool, placement: Placement) -> None:
         self._cluster = cluster
         self._pool = pool
+        self._placement = placement
 
     def _status(self) -> cluster_pb2.ClusterStatus:
         group = self._cluster.group.status()
@@ -123,6 +126,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
             raise RaftlogError(Reason.MEMBERSHIP_CHANGE_IN_PROGRESS,
                                "the Raft leader cannot remove itself; ask another node after "
                                "it steps down", node=request.node_id)
+        await self._placement.drain(request.node_id)
         await self._cluster.propose(raft_pb2.RaftCommand(
             member_leave=raft_pb2.MemberLeave(node_id=request.node_id)))
         await self._cluster.group.remove_member(member.raft_address,
@@ -219,6 +223,33 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
         stats.stream_skew = skew([n.streams for n in reachable])
         stats.bytes_skew = skew([n.bytes for n in reachable])
         return stats
+
+    @rpc.unary
+    async def MigrateStream(self, request: cluster_pb2.MigrateStreamRequest,
+                            context: Context) -> cluster_pb2.MigrateStreamResponse:
+        subjects.validate_name(request.stream, what="stream")
+        subjects.validate_name(request.target, what="node")
+        forwarded = await self._on_leader("MigrateStream", request, context)
+        if forwarded is not None:
+            return forwarded  # type: ignore[no-any-return]
+        return await self._placement.migrate(request.stream, request.target, pin=request.pin)
+
+    @rpc.unary
+    async def RebalanceStreams(self, request: cluster_pb2.RebalanceStreamsRequest,
+                               context: Context) -> cluster_pb2.RebalanceStreamsResponse:
+        if not request.steps:
+            raise RaftlogError(Reason.INVALID_ARGUMENT, "a rebalance plan needs steps")
+        if len(request.steps) > rebalance_steps_max:
+            raise RaftlogError(Reason.BATCH_TOO_LARGE,
+                               f"a plan has at most {rebalance_steps_max} steps",
+                               limit=rebalance_steps_max)
+        for step in request.steps:
+            subjects.validate_name(step.stream, what="stream")
+            subjects.validate_name(step.target, what="node")
+        forwarded = await self._on_leader("RebalanceStreams", request, context)
+        if forwarded is not None:
+            return forwarded  # type: ignore[no-any-return]
+        return await self._placement.rebalance(request)
 
     @rpc.server_stream
     async def WatchStreams(self, request: cluster_pb2.WatchStreamsRequest,

@@ -20,6 +20,8 @@ class NodeConfig:
     # Required whenever Raft listens beyond loopback.
     cluster_secret: str = ""
     log_level: str = "INFO"
+    # A replica on a member silent for longer than this is re-created on another member.
+    replace_dead_after_s: float = 30.0
 
     @property
     def name(self) -> str:

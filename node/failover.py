@@ -18,6 +18,7 @@ commit is on at least one surveyed replica, so the most complete one holds them 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -146,7 +147,10 @@ class FailoverCoordinator:
             self._attempted_s[stream.name] = now
             self._running.add(stream.name)
             task = asyncio.get_running_loop().create_task(self._fail_over(stream, addresses))
-            task.add_done_callback(lambda _, name=stream.name: self._running.discard(name))
+            task.add_done_callback(functools.partial(self._finished, stream.name))
+
+    def _finished(self, name: str, _: asyncio.Task[None]) -> None:
+        self._running.discard(name)
 
     async def _survey(self, stream: Lost, node_id: str, address: str
                       ) -> replication_pb2.ReplicaState | None:

@@ -104,9 +104,14 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                               context: Context) -> replication_pb2.ReplicaState:
         stream = self._engine.streams.get(request.stream)
         if stream is not None and request.fence_epoch:
-            if stream.role == ROLE_PRIMARY and stream.deposed is None and \
-                    stream.replicator is not None and stream.record.epoch >= request.fence_epoch:
-                raise RaftlogError(Reason.STALE_EPOCH, "this node already leads that epoch")
+            if stream.role == ROLE_PRIMARY and stream.deposed is None:
+                if stream.record.epoch >= request.fence_epoch:
+                    raise RaftlogError(Reason.STALE_EPOCH, "this node already leads that epoch")
+                # A planned handover: take no more writes; replication of what is stored
+                # carries on so that the successor can catch up.
+                stream.depose(RaftlogError(
+                    Reason.NOT_PRIMARY, f"{request.stream!r} is moving to another node; "
+                    "retry with the same msg_id", stream=request.stream))
             await stream.fence(request.fence_epoch)
         return self._state(request.stream)
 

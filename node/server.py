@@ -30,6 +30,7 @@ from raftlog.node.consumers import ConsumerManager
 from raftlog.node.errors import InvariantViolation
 from raftlog.node.failover import FailoverCoordinator, LivenessMonitor
 from raftlog.node.forwarding import ChannelPool, RoutingInterceptor
+from raftlog.node.placement import Placement
 from raftlog.node.replica import ReplicationService
 from raftlog.node.replication import ReplicationManager
 from raftlog.node.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
@@ -124,6 +125,9 @@ class Node:
         self.failover = FailoverCoordinator(node_id=cluster.node_id, group=group,
                                             liveness=self.liveness, pool=self.pool,
                                             clock=self.clock)
+        self.placement = Placement(node_id=cluster.node_id, group=group, pool=self.pool,
+                                   liveness=self.liveness, clock=self.clock,
+                                   replace_dead_after_s=self.config.replace_dead_after_s)
         return cluster
 
     def _services(self, server: grpc.aio.Server) -> tuple[str, ...]:
@@ -134,7 +138,7 @@ class Node:
             streams = ClusterStreamsService(self.engine, self.cluster, self.pool)
             consumers = ClusterConsumersService(self.consumers, self.cluster)
             cluster_pb2_grpc.add_ClusterServicer_to_server(
-                ClusterService(self.cluster, self.pool), server)
+                ClusterService(self.cluster, self.pool, self.placement), server)
             replication_pb2_grpc.add_ReplicationServicer_to_server(ReplicationService(
                 node_id=self.cluster.node_id, engine=self.engine, committer=self.committer,
                 ensure_replica=self.cluster.ensure_replica), server)
@@ -153,6 +157,7 @@ class Node:
             self.cluster.replication.start()
             self.liveness.start()
             self.failover.start()
+            self.placement.start()
             interceptors.append(RoutingInterceptor(self.cluster, self.pool))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
@@ -178,6 +183,7 @@ class Node:
         if self.server is not None:
             await self.server.stop(limits.drain_grace_s)
         if self.cluster is not None:
+            await self.placement.stop()
             await self.failover.stop()
             await self.liveness.stop()
             if self.cluster.replication is not None:

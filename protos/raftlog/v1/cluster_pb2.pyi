@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from raftlog.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -533,6 +534,177 @@ class ClusterStreamStats(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStreamStats: _TypeAlias = ClusterStreamStats  # noqa: Y015
+
+@_typing.final
+class MigrateStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    PIN_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    target: _builtins.str
+    """node_id of the new primary."""
+    pin: _builtins.bool
+    """Keep the stream on the target (exempt from automatic clean-up) after the move."""
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        target: _builtins.str = ...,
+        pin: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pin", b"pin", "stream", b"stream", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrateStreamRequest: _TypeAlias = MigrateStreamRequest  # noqa: Y015
+
+@_typing.final
+class MigrateStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    FROM_NODE_FIELD_NUMBER: _builtins.int
+    TO_NODE_FIELD_NUMBER: _builtins.int
+    FENCE_EPOCH_FIELD_NUMBER: _builtins.int
+    EPOCH_START_SEQ_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    from_node: _builtins.str
+    to_node: _builtins.str
+    fence_epoch: _builtins.int
+    epoch_start_seq: _builtins.int
+    outcome: _builtins.str
+    """What happened, in words (e.g. "already there", "added as replica, caught up, took over")."""
+    attempts: _builtins.int
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        from_node: _builtins.str = ...,
+        to_node: _builtins.str = ...,
+        fence_epoch: _builtins.int = ...,
+        epoch_start_seq: _builtins.int = ...,
+        outcome: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "epoch_start_seq", b"epoch_start_seq", "fence_epoch", b"fence_epoch", "from_node", b"from_node", "outcome", b"outcome", "stream", b"stream", "to_node", b"to_node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MigrateStreamResponse: _TypeAlias = MigrateStreamResponse  # noqa: Y015
+
+@_typing.final
+class RebalanceStep(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    target: _builtins.str
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stream", b"stream", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RebalanceStep: _TypeAlias = RebalanceStep  # noqa: Y015
+
+@_typing.final
+class RebalanceStreamsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    STOP_ON_ERROR_FIELD_NUMBER: _builtins.int
+    stop_on_error: _builtins.bool
+    """Stop at the first failed step (the rest are reported as not run)."""
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___RebalanceStep]: ...
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[Global___RebalanceStep] | None = ...,
+        stop_on_error: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["steps", b"steps", "stop_on_error", b"stop_on_error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RebalanceStreamsRequest: _TypeAlias = RebalanceStreamsRequest  # noqa: Y015
+
+@_typing.final
+class RebalanceStepOutcome(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    RAN_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    ran: _builtins.bool
+    @_builtins.property
+    def step(self) -> Global___RebalanceStep: ...
+    @_builtins.property
+    def result(self) -> Global___MigrateStreamResponse: ...
+    @_builtins.property
+    def error(self) -> _types_pb2.Error: ...
+    def __init__(
+        self,
+        *,
+        step: Global___RebalanceStep | None = ...,
+        ok: _builtins.bool = ...,
+        ran: _builtins.bool = ...,
+        result: Global___MigrateStreamResponse | None = ...,
+        error: _types_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "result", b"result", "step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "ran", b"ran", "result", b"result", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RebalanceStepOutcome: _TypeAlias = RebalanceStepOutcome  # noqa: Y015
+
+@_typing.final
+class RebalanceStreamsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    SUCCEEDED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    succeeded: _builtins.int
+    failed: _builtins.int
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RebalanceStepOutcome]: ...
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___RebalanceStepOutcome] | None = ...,
+        succeeded: _builtins.int = ...,
+        failed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "outcomes", b"outcomes", "succeeded", b"succeeded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RebalanceStreamsResponse: _TypeAlias = RebalanceStreamsResponse  # noqa: Y015
 
 @_typing.final
 class WatchStreamsRequest(_message.Message):

@@ -79,6 +79,16 @@ class ClusterStub:
                 request_serializer=raftlog_dot_v1_dot_cluster__pb2.WatchStreamsRequest.SerializeToString,
                 response_deserializer=raftlog_dot_v1_dot_cluster__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.MigrateStream = channel.unary_unary(
+                '/raftlog.v1.Cluster/MigrateStream',
+                request_serializer=raftlog_dot_v1_dot_cluster__pb2.MigrateStreamRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_cluster__pb2.MigrateStreamResponse.FromString,
+                _registered_method=True)
+        self.RebalanceStreams = channel.unary_unary(
+                '/raftlog.v1.Cluster/RebalanceStreams',
+                request_serializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -145,6 +155,21 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MigrateStream(self, request, context):
+        """Moves a stream's primary to a node: the node becomes a replica if it is not one, catches
+        up, and then takes over at the next fence epoch (an authority override).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RebalanceStreams(self, request, context):
+        """Runs an explicit plan of migrations in order, one outcome per step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -192,6 +217,16 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.WatchStreams,
                     request_deserializer=raftlog_dot_v1_dot_cluster__pb2.WatchStreamsRequest.FromString,
                     response_serializer=raftlog_dot_v1_dot_cluster__pb2.WatchEvent.SerializeToString,
+            ),
+            'MigrateStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateStream,
+                    request_deserializer=raftlog_dot_v1_dot_cluster__pb2.MigrateStreamRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_cluster__pb2.MigrateStreamResponse.SerializeToString,
+            ),
+            'RebalanceStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.RebalanceStreams,
+                    request_deserializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,6 +472,60 @@ class Cluster:
             '/raftlog.v1.Cluster/WatchStreams',
             raftlog_dot_v1_dot_cluster__pb2.WatchStreamsRequest.SerializeToString,
             raftlog_dot_v1_dot_cluster__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Cluster/MigrateStream',
+            raftlog_dot_v1_dot_cluster__pb2.MigrateStreamRequest.SerializeToString,
+            raftlog_dot_v1_dot_cluster__pb2.MigrateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RebalanceStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Cluster/RebalanceStreams',
+            raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsRequest.SerializeToString,
+            raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsResponse.FromString,
             options,
             channel_credentials,
             insecure,

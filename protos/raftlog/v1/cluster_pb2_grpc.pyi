@@ -50,6 +50,12 @@ class ClusterStub:
     """Per-stream and per-node totals across the cluster, with the skew between nodes."""
     WatchStreams: _grpc.UnaryStreamMultiCallable[_cluster_pb2.WatchStreamsRequest, _cluster_pb2.WatchEvent]
     """Events for stream and consumer create/update/delete and authority changes, as committed."""
+    MigrateStream: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.MigrateStreamRequest, _cluster_pb2.MigrateStreamResponse]
+    """Moves a stream's primary to a node: the node becomes a replica if it is not one, catches
+    up, and then takes over at the next fence epoch (an authority override).
+    """
+    RebalanceStreams: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.RebalanceStreamsRequest, _cluster_pb2.RebalanceStreamsResponse]
+    """Runs an explicit plan of migrations in order, one outcome per step."""
 
 @_typing.type_check_only
 class ClusterAsyncStub(ClusterStub):
@@ -71,6 +77,12 @@ class ClusterAsyncStub(ClusterStub):
     """Per-stream and per-node totals across the cluster, with the skew between nodes."""
     WatchStreams: _aio.UnaryStreamMultiCallable[_cluster_pb2.WatchStreamsRequest, _cluster_pb2.WatchEvent]  # type: ignore[assignment]
     """Events for stream and consumer create/update/delete and authority changes, as committed."""
+    MigrateStream: _aio.UnaryUnaryMultiCallable[_cluster_pb2.MigrateStreamRequest, _cluster_pb2.MigrateStreamResponse]  # type: ignore[assignment]
+    """Moves a stream's primary to a node: the node becomes a replica if it is not one, catches
+    up, and then takes over at the next fence epoch (an authority override).
+    """
+    RebalanceStreams: _aio.UnaryUnaryMultiCallable[_cluster_pb2.RebalanceStreamsRequest, _cluster_pb2.RebalanceStreamsResponse]  # type: ignore[assignment]
+    """Runs an explicit plan of migrations in order, one outcome per step."""
 
 class ClusterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -143,5 +155,23 @@ class ClusterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_cluster_pb2.WatchEvent], _abc.AsyncIterator[_cluster_pb2.WatchEvent]]:
         """Events for stream and consumer create/update/delete and authority changes, as committed."""
+
+    @_abc_1.abstractmethod
+    def MigrateStream(
+        self,
+        request: _cluster_pb2.MigrateStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.MigrateStreamResponse, _abc.Awaitable[_cluster_pb2.MigrateStreamResponse]]:
+        """Moves a stream's primary to a node: the node becomes a replica if it is not one, catches
+        up, and then takes over at the next fence epoch (an authority override).
+        """
+
+    @_abc_1.abstractmethod
+    def RebalanceStreams(
+        self,
+        request: _cluster_pb2.RebalanceStreamsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.RebalanceStreamsResponse, _abc.Awaitable[_cluster_pb2.RebalanceStreamsResponse]]:
+        """Runs an explicit plan of migrations in order, one outcome per step."""
 
 def add_ClusterServicer_to_server(servicer: ClusterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
