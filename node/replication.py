@@ -40,6 +40,7 @@ reconnect_backoff_s = 0.1  # between attempts to reopen a link
 batch_bytes_max = 1024 * 1024  # stored bytes in one replication batch
 batch_messages_max = 10_000  # messages in one replication batch
 link_queue_max = 10_000  # requests waiting on one link
+inflight_max = 4  # batches sent to one replica and not yet acknowledged
 
 
 def majority(count: int) -> int:
@@ -131,13 +132,19 @@ class ReplicaProgress:
     node_id: str
     match_seq: int = 0  # last seq the replica acknowledged at this epoch
     next_seq: int | None = None  # next seq to send; None = ask the replica first
-    inflight_id: int = 0
-    inflight_sent_s: float = 0.0
+    # request id -> (send time, removals it carries); sent in order on one call
+    inflight: dict[int, tuple[float, int]] = field(default_factory=dict)
     last_sent_s: float = 0.0
     acked_sent_s: float = -1e9  # send time of the latest acknowledged request (lease)
-    removed_cursor: int = 0
+    removed_cursor: int = 0  # removals acknowledged by the replica
+    removed_sent: int = 0  # removals sent to it
     reseed: bool = False
-    pending_removed: list[int] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """Forget what is in flight; ask the replica where it is."""
+        self.inflight.clear()
+        self.next_seq = None
+        self.removed_sent = self.removed_cursor
 
 
 class StreamReplicator:
@@ -187,16 +194,20 @@ class StreamReplicator:
     # --- sending
 
     def _maybe_send(self, progress: ReplicaProgress, *, heartbeat: bool = False) -> None:
-        if self.stopped or progress.inflight_id:
+        """Sends the next batch to one replica, pipelined up to inflight_max batches."""
+        if self.stopped or len(progress.inflight) >= inflight_max:
             return
+        if progress.next_seq is None and progress.inflight:
+            return  # a probe is out; wait for the replica's position
         stream = self.stream
         if progress.next_seq is not None and progress.next_seq < stream.first_seq and \
-                progress.next_seq <= stream.last_seq:
+                progress.next_seq <= stream.last_seq and not progress.inflight:
             progress.reseed = True
             progress.next_seq = stream.first_seq
         unsent = progress.next_seq is not None and progress.next_seq <= stream.last_seq
-        removed = stream.removed_log[progress.removed_cursor:]
-        if not (unsent or removed or heartbeat or progress.next_seq is None):
+        removed = stream.removed_log[progress.removed_sent:]
+        idle = heartbeat and not progress.inflight
+        if not (unsent or removed or idle or progress.next_seq is None):
             return
         request = replication_pb2.ReplicateRequest(
             stream=stream.name, epoch=self.epoch, primary=self.node_id,
@@ -215,58 +226,58 @@ class StreamReplicator:
         if removed:
             request.removed.extend(replication_pb2.SeqRange(first=a, last=b)
                                    for a, b in to_ranges(removed))
-            progress.pending_removed = removed
         if not self._links.send(progress.node_id, request):
             return
         now = self._clock.monotonic_s()
-        progress.inflight_id = self._next_id
-        progress.inflight_sent_s = now
+        progress.inflight[self._next_id] = (now, len(removed))
         progress.last_sent_s = now
+        progress.removed_sent += len(removed)
+        if progress.next_seq is not None:
+            progress.next_seq += len(request.messages)
+            progress.reseed = False
         self._next_id += 1
 
     def tick(self) -> None:
         now = self._clock.monotonic_s()
         for progress in self.progress.values():
-            if progress.inflight_id and now - progress.inflight_sent_s > request_timeout_s:
-                progress.inflight_id = 0  # lost; send again on a fresh call
-                progress.next_seq = None
+            oldest = min((sent for sent, _ in progress.inflight.values()), default=now)
+            if now - oldest > request_timeout_s:
+                progress.reset()  # lost; send again on a fresh call
                 self._links.restart(progress.node_id)
-            if now - progress.last_sent_s >= heartbeat_s:
-                self._maybe_send(progress, heartbeat=True)
-            else:
-                self._maybe_send(progress)
+            self._maybe_send(progress, heartbeat=now - progress.last_sent_s >= heartbeat_s)
 
     def on_reset(self, node_id: str) -> None:
         progress = self.progress.get(node_id)
         if progress is not None:
-            progress.inflight_id = 0
-            progress.next_seq = None
+            progress.reset()
 
     # --- acks
 
     def on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
         progress = self.progress.get(node_id)
-        if progress is None or ack.request_id != progress.inflight_id:
+        if progress is None:
             return
-        progress.inflight_id = 0
+        sent = progress.inflight.pop(ack.request_id, None)
+        if sent is None:
+            return  # from before a reset
         if ack.refused:
             self._on_refused(progress, ack)
             return
         if ack.epoch != self.epoch:
             return
-        progress.match_seq = ack.last_seq
-        progress.next_seq = ack.last_seq + 1
-        progress.reseed = False
-        progress.acked_sent_s = max(progress.acked_sent_s, progress.inflight_sent_s)
-        if progress.pending_removed:
-            progress.removed_cursor += len(progress.pending_removed)
-            progress.pending_removed = []
+        sent_s, removals = sent
+        progress.match_seq = max(progress.match_seq, ack.last_seq)
+        if progress.next_seq is None:
+            progress.next_seq = ack.last_seq + 1
+        progress.acked_sent_s = max(progress.acked_sent_s, sent_s)
+        if removals:
+            progress.removed_cursor += removals
             self._trim_removed_log()
         self._recompute_commit()
         self._maybe_send(progress)
 
     def _on_refused(self, progress: ReplicaProgress, ack: replication_pb2.ReplicateAck) -> None:
-        progress.pending_removed = []
+        progress.reset()
         if ack.refused == Reason.STALE_EPOCH.name and ack.replica_epoch > self.epoch:
             log.warning("stream %s: replica %s is at epoch %d, above ours (%d); stepping down",
                         self.stream.name, progress.node_id, ack.replica_epoch, self.epoch)
@@ -282,7 +293,6 @@ class StreamReplicator:
             return
         log.info("stream %s: replica %s refused a batch: %s %s", self.stream.name,
                  progress.node_id, ack.refused, ack.message)
-        progress.next_seq = None
 
     def _trim_removed_log(self) -> None:
         done = min(p.removed_cursor for p in self.progress.values())
@@ -290,6 +300,7 @@ class StreamReplicator:
             del self.stream.removed_log[:done]
             for progress in self.progress.values():
                 progress.removed_cursor -= done
+                progress.removed_sent -= done
 
     def stop(self) -> None:
         self.stopped = True
