@@ -246,12 +246,26 @@ class Placement:
         return tuple(new)
 
     async def tidy(self) -> int:
-        """One pass: restores replica counts; returns how many streams it changed."""
+        """One pass: restores replica counts and clears overrides that no longer redirect
+        anything (the claimant is the ring owner again), except on pinned streams; returns how
+        many streams it changed."""
         with self._group.read_state() as state:
             members = sorted(state.members)
             plans = [(s.name, tuple(s.replicas), s.primary, s.config.replicas or 3)
                      for s in state.streams.values() if s.name not in self._moving]
+            overrides = [(s.name, s.override.claimant) for s in state.streams.values()
+                         if s.override is not None and not s.override.pinned
+                         and s.name not in self._moving]
         changed = 0
+        if members:
+            ring = Ring(members)
+            for name, claimant in overrides:
+                if ring.owner(name) == claimant:
+                    log.info("placement: %s's override to %s is redundant; clearing it",
+                             name, claimant)
+                    await self._propose(raft_pb2.RaftCommand(
+                        authority_clear_override=raft_pb2.AuthorityClearOverride(stream=name)))
+                    changed += 1
         for name, replicas, primary, wanted in plans:
             new = self._replicas_wanted(name, replicas, primary, wanted=wanted, members=members)
             if new != replicas:

@@ -69,6 +69,65 @@ def test_any_node_serves_any_request(cluster3: LocalCluster) -> None:
     assert route.fence_epoch == 1 and route.reason
 
 
+def test_watch_stats_and_overrides(cluster3: LocalCluster) -> None:
+    import threading
+
+    events: list[cluster_pb2.WatchEvent] = []
+    watch = cluster3.cluster(2).WatchStreams(cluster_pb2.WatchStreamsRequest(), timeout=30)
+
+    def collect() -> None:
+        try:
+            for event in watch:
+                events.append(event)
+        except grpc.RpcError:
+            pass
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    try:
+        time.sleep(0.3)
+        for name in ("w1", "w2", "w3", "w4"):
+            create(cluster3, 1, name)
+        cluster3.consumers(3).CreateConsumer(consumers_pb2.CreateConsumerRequest(
+            stream="w1", config=consumers_pb2.ConsumerConfig(name="c")), timeout=call_timeout_s)
+        cluster3.streams(1).PublishBatch(streams_pb2.PublishBatchRequest(stream="w2", entries=[
+            streams_pb2.PublishEntry(subject="s", payload=b"x" * 10)] * 7), timeout=call_timeout_s)
+        w3 = cluster3.cluster(1).ExplainRoute(cluster_pb2.ExplainRouteRequest(stream="w3"),
+                                              timeout=call_timeout_s)
+        target = next(n for n in w3.replicas if n != w3.primary)
+        cluster3.cluster(1).MigrateStream(cluster_pb2.MigrateStreamRequest(
+            stream="w3", target=target, pin=True), timeout=call_timeout_s)
+        cluster3.streams(2).DeleteStream(streams_pb2.DeleteStreamRequest(name="w4"),
+                                         timeout=call_timeout_s)
+        wanted = {(cluster_pb2.WATCH_EVENT_TYPE_STREAM_CREATED, "w1"),
+                  (cluster_pb2.WATCH_EVENT_TYPE_CONSUMER_CREATED, "w1"),
+                  (cluster_pb2.WATCH_EVENT_TYPE_STREAM_DELETED, "w4")}
+        wait_until(lambda: wanted <= {(e.type, e.stream) for e in events}, 10,
+                   what="watch events")
+    finally:
+        watch.cancel()
+    stats = cluster3.cluster(3).GetClusterStreamStats(cluster_pb2.GetClusterStreamStatsRequest(),
+                                                      timeout=call_timeout_s)
+    assert sorted(s.stream for s in stats.streams) == ["w1", "w2", "w3"]
+    assert sum(n.streams for n in stats.nodes) == 3 and all(n.reachable for n in stats.nodes)
+    assert next(s for s in stats.streams if s.stream == "w2").messages == 7
+    assert stats.stream_skew >= 1.0
+    overrides = cluster3.cluster(2).ListAuthorityOverrides(
+        cluster_pb2.ListAuthorityOverridesRequest(), timeout=call_timeout_s)
+    assert [(o.stream, o.claimant, o.pinned) for o in overrides.overrides] == [
+        ("w3", target, True)]
+    assert reason_of(cluster3.cluster(2).ClearStreamAuthority,
+                     cluster_pb2.ClearStreamAuthorityRequest(stream="w3"),
+                     timeout=call_timeout_s) is Reason.STREAM_PINNED
+    cluster3.cluster(3).SetStreamPinned(cluster_pb2.SetStreamPinnedRequest(
+        stream="w3", pinned=False), timeout=call_timeout_s)
+    cleared = cluster3.cluster(2).ClearStreamAuthority(cluster_pb2.ClearStreamAuthorityRequest(
+        stream="w3"), timeout=call_timeout_s)
+    assert cleared.cleared
+    assert not cluster3.cluster(2).ClearStreamAuthority(cluster_pb2.ClearStreamAuthorityRequest(
+        stream="w1"), timeout=call_timeout_s).cleared
+
+
 def test_a_killed_raft_leader_is_replaced_and_metadata_works_within_2s(
     cluster3: LocalCluster,
 ) -> None:
