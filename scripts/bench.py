@@ -40,9 +40,9 @@ from typing import Any
 import grpc
 
 from raftlog.node import cli_format as fmt
-from raftlog.node import loadgen
+from raftlog.node import loadgen, localcluster
 from raftlog.node.client import Client, describe_failure
-from raftlog.v1 import consumers_pb2, streams_pb2, types_pb2
+from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, consumers_pb2, streams_pb2, types_pb2
 
 ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
 PEER_RUN = ROOT.parent / "shared" / "peers" / "jetstream" / "run"
@@ -178,13 +178,68 @@ def _free_port() -> int:
         return port
 
 
+class BenchCluster:
+    """A local cluster (node/localcluster.py) for replicated runs; the client talks to the
+    stream's primary, as the JetStream peer talks to the stream leader."""
+
+    def __init__(self, workdir: Path, *, nodes: int) -> None:
+        self.data_dir = workdir / "cluster"
+        self.nodes = nodes
+        self.base_port = _free_base_port(localcluster.ports_per_node * nodes)
+        self.address = f"127.0.0.1:{self.base_port}"
+        self.started: list[localcluster.LocalNode] = []
+
+    def start(self) -> BenchCluster:
+        self.started = localcluster.up(nodes=self.nodes, base_port=self.base_port,
+                                       data_dir=self.data_dir, secret_file=None)
+        try:
+            localcluster.wait_ready(self.started, node_start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def cpu_s(self) -> float:
+        total = 0.0
+        for node in self.started:
+            try:
+                stat = Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def stop(self) -> int | None:
+        localcluster.down(self.data_dir, timeout_s=node_stop_timeout_s)
+        return 0
+
+    def log_tail(self) -> str:
+        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-2000:]
+                         for p in sorted(self.data_dir.glob("*.log")))
+
+
+def _free_base_port(count: int) -> int:
+    for base in range(20000, 30000, 100):
+        if not any(localcluster.port_in_use(port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError("no free loopback ports for the bench cluster")
+
+
+async def _primary_address(client: Client, stream: str) -> str:
+    stub: Any = cluster_pb2_grpc.ClusterStub(client.channel)  # type: ignore[no-untyped-call]
+    route = await stub.ExplainRoute(cluster_pb2.ExplainRouteRequest(stream=stream),
+                                    timeout=client.deadline_s())
+    return str(route.primary_grpc_address)
+
+
 # ---------------------------------------------------------------------------------------------
 # raftlog phases.
 
 Phase = Callable[[], Awaitable[loadgen.LoadResult]]
 
 
-async def _measure(name: str, node: BenchNode, phase: Phase) -> dict[str, Any]:
+async def _measure(name: str, node: BenchNode | BenchCluster, phase: Phase
+                   ) -> dict[str, Any]:
     """Runs one timed phase after a machine-wide sync and a pause; adds CPU figures."""
     os.sync()
     await asyncio.sleep(settle_s)
@@ -201,15 +256,27 @@ async def _measure(name: str, node: BenchNode, phase: Phase) -> dict[str, Any]:
     return summary
 
 
-async def run_raftlog(node: BenchNode, plan: Plan) -> dict[str, Any]:
-    payload = os.urandom(payload_bytes)
+async def run_raftlog(node: BenchNode | BenchCluster, plan: Plan, *, replicas: int = 1
+                      ) -> dict[str, Any]:
+    address = node.address
     async with Client(node.address, timeout_s=30.0) as client:
         await client.streams.CreateStream(
-            streams_pb2.CreateStreamRequest(
-                config=types_pb2.StreamConfig(name=stream_name, subjects=[subject], replicas=1)
-            ),
+            streams_pb2.CreateStreamRequest(config=types_pb2.StreamConfig(
+                name=stream_name, subjects=[subject], replicas=replicas)),
             timeout=client.deadline_s(),
         )
+        if isinstance(node, BenchCluster):
+            address = await _primary_address(client, stream_name)
+            _log(f"stream {stream_name} (R{replicas}) has its primary on {address}")
+    results = await _run_phases(node, plan, address)
+    results["primary"] = address
+    return results
+
+
+async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
+                      ) -> dict[str, Any]:
+    payload = os.urandom(payload_bytes)
+    async with Client(address, timeout_s=30.0) as client:
         common: dict[str, Any] = {
             "stream": stream_name,
             "subject": subject,
@@ -299,11 +366,12 @@ async def run_raftlog(node: BenchNode, plan: Plan) -> dict[str, Any]:
 # The JetStream peer.
 
 
-def run_peer(*, quick: bool) -> dict[str, Any]:
+def run_peer(*, quick: bool, replicas: int = 1) -> dict[str, Any]:
     """Runs the peer (its progress goes to our stderr); its JSON, or {"error": ...}."""
     if not os.access(PEER_RUN, os.X_OK):
         return {"error": f"{PEER_RUN} not found or not executable"}
-    command = [str(PEER_RUN), "--replicas", "1", "--phases", "pub", *(["--quick"] if quick else [])]
+    command = [str(PEER_RUN), "--replicas", str(replicas), "--phases", "pub",
+               *(["--quick"] if quick else [])]
     _log(f"running {' '.join(command)}")
     timeout_s = peer_timeout_quick_s if quick else peer_timeout_s
     try:
@@ -326,9 +394,9 @@ def run_peer(*, quick: bool) -> dict[str, Any]:
     return document
 
 
-def peer_figures(peer: dict[str, Any]) -> dict[str, Any]:
-    """The R1 medians the ratios use, plus the peer's own facts."""
-    r1 = peer.get("summary", {}).get("R1", {})
+def peer_figures(peer: dict[str, Any], *, replicas: int = 1) -> dict[str, Any]:
+    """The medians (at the run's replica count) the ratios use, plus the peer's own facts."""
+    r1 = peer.get("summary", {}).get(f"R{replicas}", {})
 
     def median(phase: str, figure: str) -> float | None:
         value = r1.get(phase, {}).get(figure, {}).get("median")
@@ -532,19 +600,25 @@ def main(argv: list[str] | None = None) -> int:
         "--replicas",
         type=int,
         default=1,
-        help="stream replicas; reserved for the cluster (only 1 for now)",
+        help="stream replicas: 1 = one node; 3 or 5 = a local cluster of that many nodes",
     )
     args = parser.parse_args(argv)
-    if args.replicas != 1:
-        parser.error("--replicas: only 1 is supported until the cluster exists")
+    if args.replicas not in (1, 3, 5):
+        parser.error("--replicas: 1, 3 or 5")
     plan = QUICK if args.quick else FULL
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as workdir:
-        node = BenchNode(Path(workdir))
-        _log(f"starting a node on {node.address} (data in {workdir})")
+        node: BenchNode | BenchCluster
+        if args.replicas == 1:
+            node = BenchNode(Path(workdir))
+            _log(f"starting a node on {node.address} (data in {workdir})")
+        else:
+            node = BenchCluster(Path(workdir), nodes=args.replicas)
+            _log(f"starting a {args.replicas}-node cluster from {node.address} "
+                 f"(data in {workdir})")
         node.start()
         try:
-            raftlog = asyncio.run(run_raftlog(node, plan))
+            raftlog = asyncio.run(run_raftlog(node, plan, replicas=args.replicas))
         except grpc.RpcError as exc:
             _log(describe_failure(exc, address=node.address))
             _log(f"node log:\n{node.log_tail()}")
@@ -552,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             status = node.stop()
             _log(f"node stopped (exit status {status})")
-    peer = None if args.no_peer else run_peer(quick=args.quick)
-    js = None if peer is None or "error" in peer else peer_figures(peer)
+    peer = None if args.no_peer else run_peer(quick=args.quick, replicas=args.replicas)
+    js = None if peer is None or "error" in peer else peer_figures(peer, replicas=args.replicas)
     document = {
         "schema": SCHEMA,
         "meta": {
