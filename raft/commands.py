@@ -84,10 +84,12 @@ def consumer_delete(*, stream: str, consumer: str, now_ms: int = 0) -> Command:
 
 
 def consumer_progress(*, stream: str, consumer: str, ack_floor: int = 0,
-                      acked: Iterable[int] = (), delivered_seq: int = 0
+                      acked: Iterable[int] = (), delivered_seq: int = 0, fence_epoch: int = 0
                       ) -> raft_pb2.ConsumerProgress:
+    """`fence_epoch`: the epoch of the primary that took the acks (0 = not checked)."""
     return raft_pb2.ConsumerProgress(stream=stream, consumer=consumer, ack_floor=ack_floor,
-                                     acked=list(acked), delivered_seq=delivered_seq)
+                                     acked=list(acked), delivered_seq=delivered_seq,
+                                     fence_epoch=fence_epoch)
 
 
 def consumer_state_update(*, updates: Iterable[raft_pb2.ConsumerProgress], now_ms: int = 0

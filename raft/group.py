@@ -12,8 +12,9 @@ It owns everything that reaches into pysyncobj (each reach is covered by tests/t
   codecs (`wire.py`) that pickle with protocol 5 and unpickle with an allowlist; the transport
   refuses utility commands (add/remove/status/transfer from anyone who can connect) and
   read-only peers;
-- snapshots never pickle: the `serializer` / `deserializer` / `serializeChecker` conf hooks write
-  the protobuf `RaftSnapshot` (with a CRC) and fsync the file and its directory; the checker
+- snapshots never pickle: the `serializer` / `deserializer` / `serializeChecker` conf hooks
+  write the protobuf `RaftSnapshot` (`snapshot_file.py`, with a CRC) and fsync the file and its
+  directory; the checker
   reports success only after the directory fsync, so the journal prefix is dropped only once
   the snapshot that replaces it is durable;
 - one replicated method, `apply_command(data: bytes)` (pysyncobj numbers replicated methods by
@@ -37,13 +38,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import logging
 import os
-import socket
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +61,7 @@ from rocksdict import Rdict
 from raftlog.node.clock import Clock, SystemClock
 from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.raft import wire
+from raftlog.raft.addresses import check_raft_config, split_address
 from raftlog.raft.api import (
     OUTCOME_NOT_COMMITTED,
     OUTCOME_UNKNOWN,
@@ -79,7 +77,8 @@ from raftlog.raft.api import (
     stamped,
 )
 from raftlog.raft.journal import RocksJournal
-from raftlog.raft.state import MetaState, apply, from_snapshot, rejected, to_snapshot
+from raftlog.raft.snapshot_file import fsync_directory, read_snapshot_file, write_snapshot_file
+from raftlog.raft.state import MetaState, apply, encode_snapshot, from_snapshot, rejected
 from raftlog.v1 import raft_pb2
 
 log = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ membership_retry_max = 40  # REQUEST_DENIED retries of one membership change
 membership_retry_delay_s = 0.05
 membership_poll_s = 0.01  # while waiting for a change to be appended
 close_timeout_s = 5.0
+close_poll_s = 0.01
 status_read_attempts_max = 5  # reads of pysyncobj's sets racing the tick thread
 
 
@@ -133,7 +133,8 @@ class _TruncationLogFilter(logging.Filter):
         self.suppressed = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg.startswith("truncating already-applied log entries"):
+        if isinstance(record.msg, str) \
+                and record.msg.startswith("truncating already-applied log entries"):
             self.suppressed += 1
             return False
         return True
@@ -172,7 +173,6 @@ class _DurableTransport(TCPTransport):  # type: ignore[misc]
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         self._journal: RocksJournal = syncObj._raftlog_journal
-        self.refused_connections = 0
         super().__init__(syncObj, selfNode, otherNodes)
         # Runs after the tick's own work: the leader's appends of this tick are durable before
         # the next tick counts the leader in a commit quorum.
@@ -190,7 +190,6 @@ class _DurableTransport(TCPTransport):  # type: ignore[misc]
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         handshaking = self._syncObj.encryptor is not None and not conn.sendRandKey
         if not handshaking and (isinstance(message, list) or message == "readonly"):
-            self.refused_connections += 1
             log.warning("raft: refused a %s connection",
                         "utility" if isinstance(message, list) else "read-only")
             self._unknownConnections.discard(conn)
@@ -216,46 +215,7 @@ class _MetaSyncObj(SyncObj):  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------------------------
-# Snapshot file
-
-_SNAPSHOT_MAGIC = b"RLSNAP1\n"
-_SNAPSHOT_HEADER = struct.Struct(">II")  # crc32 of the payload, payload length
-
-
-def write_snapshot_file(path: str, snapshot: raft_pb2.RaftSnapshot) -> int:
-    """Writes and fsyncs the file; returns its inode."""
-    payload = snapshot.SerializeToString()
-    with open(path, "wb") as file:
-        file.write(_SNAPSHOT_MAGIC + _SNAPSHOT_HEADER.pack(zlib.crc32(payload), len(payload)))
-        file.write(payload)
-        file.flush()
-        os.fsync(file.fileno())
-        return os.fstat(file.fileno()).st_ino
-
-
-def read_snapshot_file(path: str) -> raft_pb2.RaftSnapshot:
-    """Reads, checks and fsyncs (a snapshot just received must be durable before the journal
-    it replaces is cleared). Raises RaftlogError(CORRUPT_RECORD) on a bad file."""
-    with open(path, "rb") as file:
-        raw = file.read()
-        os.fsync(file.fileno())
-    fsync_directory(os.path.dirname(os.path.abspath(path)))
-    header_end = len(_SNAPSHOT_MAGIC) + _SNAPSHOT_HEADER.size
-    if len(raw) < header_end or not raw.startswith(_SNAPSHOT_MAGIC):
-        raise RaftlogError(Reason.CORRUPT_RECORD, f"{path}: not a raftlog snapshot")
-    crc, length = _SNAPSHOT_HEADER.unpack(raw[len(_SNAPSHOT_MAGIC):header_end])
-    payload = raw[header_end:]
-    if len(payload) != length or zlib.crc32(payload) != crc:
-        raise RaftlogError(Reason.CORRUPT_RECORD, f"{path}: snapshot is truncated or corrupt")
-    return raft_pb2.RaftSnapshot.FromString(payload)
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+# Snapshot entries
 
 
 def _entry_pb(entry: Any) -> raft_pb2.JournalEntry:
@@ -265,42 +225,6 @@ def _entry_pb(entry: Any) -> raft_pb2.JournalEntry:
 
 def _entry_tuple(entry: raft_pb2.JournalEntry) -> tuple[bytes, int, int]:
     return (entry.command, entry.index, entry.term)
-
-
-# ---------------------------------------------------------------------------------------------
-# Addresses and configuration checks
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise RaftlogError(Reason.INVALID_CONFIG, f"{address!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
-def is_loopback_host(host: str) -> bool:
-    """True when every address the host names is a loopback address."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
-
-
-def check_raft_config(*, bind_address: str, secret: str) -> None:
-    """A Raft port beyond loopback must be encrypted and authenticated with the cluster secret:
-    without it anyone who reaches the port can impersonate a member."""
-    host, _ = split_address(bind_address)
-    if not secret and not is_loopback_host(host):
-        raise RaftlogError(
-            Reason.INVALID_CONFIG,
-            f"raft listens on {bind_address}, beyond loopback: set a cluster secret "
-            "(--cluster-secret) or bind raft to 127.0.0.1",
-            bind_address=bind_address)
 
 
 _FAILURES: dict[int, tuple[Reason, str, str]] = {
@@ -436,10 +360,11 @@ class RaftGroup:
         self._obj = self._construct(peers=[p for p in peers if p != self_address], bind=bind,
                                     secret=secret)
         self._obj.addOnTickCallback(self._on_tick)
+        LOG_CODEC.on_refused.append(self._on_log_entry_refused)
         try:
             self._obj.waitBinded()
         except Exception as err:
-            self._obj.destroy()
+            self._stop(close_timeout_s)
             raise RaftlogError(Reason.INVALID_CONFIG, f"cannot listen on raft address {bind}",
                                bind_address=bind) from err
 
@@ -534,8 +459,6 @@ class RaftGroup:
         if address == self.self_address:
             raise RaftlogError(Reason.INVALID_ARGUMENT,
                                "a node cannot remove itself; ask another member")
-        if len(members) <= 1:
-            raise RaftlogError(Reason.LAST_MEMBER, f"{address} is the last raft member")
         await self._change_membership(address, add=False, timeout_s=timeout_s)
 
     def status(self) -> GroupStatus:
@@ -566,17 +489,24 @@ class RaftGroup:
         if self._closed:
             return
         self._closed = True
+        self._stop(timeout_s)
+        for future in list(self._pending):
+            self._fail_later(future, RaftlogError(Reason.SHUTTING_DOWN,
+                                                  "the metadata group is closing"))
+
+    def _stop(self, timeout_s: float) -> None:
+        with contextlib.suppress(ValueError):
+            LOG_CODEC.on_refused.remove(self._on_log_entry_refused)
         self._obj.destroy()
-        deadline = self._clock.monotonic_s() + timeout_s
-        while self._obj.tick_thread_alive() and self._clock.monotonic_s() < deadline:
-            threading.Event().wait(0.01)
+        waited = threading.Event()
+        for _ in range(max(1, int(timeout_s / close_poll_s))):
+            if not self._obj.tick_thread_alive():
+                break
+            waited.wait(close_poll_s)
         if self._obj.tick_thread_alive():
             log.warning("raft: tick thread still running %.1f s after close", timeout_s)
         else:
             self.journal.close()  # pysyncobj closed it too; idempotent
-        for future in list(self._pending):
-            self._fail_later(future, RaftlogError(Reason.SHUTTING_DOWN,
-                                                  "the metadata group is closing"))
 
     # -- internals: calls ----------------------------------------------------------------------
 
@@ -609,14 +539,15 @@ class RaftGroup:
         self._check_usable()
         if self._membership_lock is None:
             self._membership_lock = asyncio.Lock()
-        deadline = self._clock.monotonic_s() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         async with self._membership_lock:
             # From one member to two, the new configuration (which takes effect when appended)
             # needs the new node for a quorum: the change commits only once that node runs,
             # so wait for the append only (pysyncobj issue #51).
             appended_is_enough = add and len(self._raft_members()) == 1
             for attempt in range(membership_retry_max + 1):
-                if self._clock.monotonic_s() >= deadline:
+                if loop.time() >= deadline:
                     break
                 try:
                     await self._submit_membership(address, add=add, deadline=deadline,
@@ -633,17 +564,16 @@ class RaftGroup:
     async def _submit_membership(self, address: str, *, add: bool, deadline: float,
                                  appended_is_enough: bool) -> None:
         change = self._obj.addNodeToCluster if add else self._obj.removeNodeFromCluster
+        loop = asyncio.get_running_loop()
         if not appended_is_enough:
             await self._call(lambda cb: change(address, callback=cb),
-                             timeout_s=deadline - self._clock.monotonic_s(),
-                             what="membership change")
+                             timeout_s=deadline - loop.time(), what="membership change")
             return
-        loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
         change(address, callback=_Bridge(self._completions_for(loop), future))
         while not future.done() and address not in self._raft_members():
-            if self._clock.monotonic_s() >= deadline:
+            if loop.time() >= deadline:
                 raise RaftlogError(Reason.TIMEOUT, f"adding {address} timed out",
                                    outcome=OUTCOME_UNKNOWN)
             await asyncio.sleep(membership_poll_s)
@@ -712,6 +642,12 @@ class RaftGroup:
             log.critical("raft: %d applied journal entries were rewritten with different "
                          "content: this member may have diverged", conflicts)
 
+    def _on_log_entry_refused(self, error: Exception) -> None:
+        """A log entry (membership change or command wrapper) the restricted unpickler refused:
+        hostile or corrupt. pysyncobj would retry applying it on every tick; stop instead."""
+        if not self._failure:
+            self._halt(f"a raft log entry was refused by the restricted unpickler: {error}")
+
     def _halt(self, why: str) -> None:
         """Stops participating: a member whose state is in doubt must not vote or apply."""
         log.critical("raft: halting the metadata group: %s", why)
@@ -730,12 +666,13 @@ class RaftGroup:
                     raise InvariantViolation(
                         f"raft: state at {self._state.applied_index} is past the snapshot "
                         f"entry {last_entry[1]}")
-                snapshot = to_snapshot(self._state)
-            snapshot.last_applied_index = last_entry[1]
-            snapshot.last_entry.CopyFrom(_entry_pb(last_entry))
-            snapshot.prev_entry.CopyFrom(_entry_pb(prev_entry))
-            snapshot.raft_nodes.extend(sorted(str(node.id) for node in cluster))
-            self._snapshot_written = write_snapshot_file(tmp_path, snapshot)
+                # The state as of last_entry: entries after the last command (NO_OPs,
+                # membership changes) do not change it.
+                payload = encode_snapshot(self._state, last_applied_index=last_entry[1])
+            payload += raft_pb2.RaftSnapshot(
+                last_entry=_entry_pb(last_entry), prev_entry=_entry_pb(prev_entry),
+                raft_nodes=sorted(str(node.id) for node in cluster)).SerializeToString()
+            self._snapshot_written = write_snapshot_file(tmp_path, payload)
         except Exception:
             self._snapshot_failed = True
             log.exception("raft: writing the snapshot failed")

@@ -20,7 +20,8 @@ Rules (tests/test_raft_state.py has a test named after each):
 - consumers belong to existing streams (STREAM_NOT_FOUND);
 - ack floors never go back: a lower floor is ignored, its acked seqs are still merged;
 - deleting a stream deletes its consumers and its override;
-- a pinned override stays: promote moves authority only to its claimant, clearing is refused.
+- a pinned override stays: promote moves authority only to its claimant, clearing is refused
+  (STREAM_PINNED); pinning needs an override, unpinning a stream without one changes nothing.
 """
 
 from __future__ import annotations
@@ -40,16 +41,6 @@ epoch_history_max = 64  # (epoch, start seq) pairs kept per stream, newest last
 consumer_updates_max = 10_000  # ConsumerProgress entries in one ConsumerStateUpdate
 acked_above_floor_max = limits.acked_above_floor_max
 
-
-def _reason(name: str, fallback: Reason) -> Reason:
-    """A catalogue reason that may not exist yet (see the note on the two below)."""
-    return Reason.__members__.get(name, fallback)
-
-
-# Requested additions to node/errors.py (FAILED_PRECONDITION); until they exist these rejections
-# use the nearest existing reason. Only the reason name changes when they are added.
-STREAM_PINNED = _reason("STREAM_PINNED", Reason.STALE_EPOCH)
-NODE_IN_USE = _reason("NODE_IN_USE", Reason.MEMBERSHIP_CHANGE_IN_PROGRESS)
 
 ALIVE = raft_pb2.MEMBER_STATUS_ALIVE
 
@@ -111,6 +102,12 @@ class MetaState:
     next_stream_id: int = 1
     # Raft index of the last applied command; maintained by the group, not by `apply`.
     applied_index: int = 0
+    # Snapshot records already encoded, kept between snapshots so a snapshot re-encodes only
+    # what changed; `apply` drops the entry of every stream or consumer it may change. Not
+    # part of the state's value.
+    encoded_streams: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+    encoded_consumers: dict[tuple[str, str], bytes] = field(default_factory=dict, repr=False,
+                                                            compare=False)
 
     def streams_held_by(self, node_id: str) -> list[str]:
         """Names of the streams whose primary or replicas include the node."""
@@ -163,10 +160,20 @@ def _require(condition: bool, reason: Reason, message: str) -> None:
 
 
 def _stream(state: MetaState, name: str) -> StreamAssignment:
+    """The stream a handler works on (and may change: its encoded record is dropped)."""
     stream = state.streams.get(name)
     if stream is None:
         raise _Rejected(Reason.STREAM_NOT_FOUND, f"stream {name!r} not found")
+    state.encoded_streams.pop(name, None)
     return stream
+
+
+def _consumer(state: MetaState, stream: str, name: str) -> ConsumerAssignment | None:
+    """The consumer a handler works on (and may change: its encoded record is dropped)."""
+    consumer = state.consumers.get(stream, {}).get(name)
+    if consumer is not None:
+        state.encoded_consumers.pop((stream, name), None)
+    return consumer
 
 
 def _member(state: MetaState, node_id: str) -> Member:
@@ -244,7 +251,7 @@ def _member_leave(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.R
     _require(len(state.members) > 1, Reason.LAST_MEMBER,
              f"node {node_id!r} is the last member")
     held = state.streams_held_by(node_id)
-    _require(not held, NODE_IN_USE,
+    _require(not held, Reason.NODE_IN_USE,
              f"node {node_id!r} still holds {len(held)} streams (e.g. {held[:3]}); move them first")
     del state.members[node_id]
     return _ok()
@@ -287,6 +294,7 @@ def _stream_create(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.
     state.next_stream_id += 1
     state.streams[name] = stream
     state.consumers[name] = {}
+    state.encoded_streams.pop(name, None)
     return _ok(stream=stream)
 
 
@@ -312,7 +320,8 @@ def _stream_update(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.
 def _stream_delete(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
     stream = _stream(state, command.stream_delete.name)
     del state.streams[stream.name]  # the override lives in the assignment
-    state.consumers.pop(stream.name, None)
+    for consumer_name in state.consumers.pop(stream.name, {}):
+        state.encoded_consumers.pop((stream.name, consumer_name), None)
     return _ok(stream=stream)
 
 
@@ -331,7 +340,7 @@ def _stream_promote(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2
     _check_start_seq(stream, promote.epoch_start_seq)
     override = stream.override
     if override is not None and override.pinned:
-        _require(override.claimant == promote.new_primary, STREAM_PINNED,
+        _require(override.claimant == promote.new_primary, Reason.STREAM_PINNED,
                  f"stream {stream.name!r} is pinned to {override.claimant!r}")
         override.fence_epoch = promote.new_fence_epoch
     else:
@@ -358,7 +367,7 @@ def _authority_set_override(state: MetaState, command: raft_pb2.RaftCommand
              f"epoch {stream.fence_epoch}")
     current = stream.override
     if current is not None and current.pinned:
-        _require(current.claimant == request.claimant, STREAM_PINNED,
+        _require(current.claimant == request.claimant, Reason.STREAM_PINNED,
                  f"stream {stream.name!r} is pinned to {current.claimant!r}")
     _check_start_seq(stream, request.epoch_start_seq)
     stream.override = Override(claimant=request.claimant, fence_epoch=request.fence_epoch,
@@ -374,7 +383,7 @@ def _authority_clear_override(state: MetaState, command: raft_pb2.RaftCommand
     stream = _stream(state, command.authority_clear_override.stream)
     if stream.override is None:
         return _ok(changed=False, stream=stream)
-    _require(not stream.override.pinned, STREAM_PINNED,
+    _require(not stream.override.pinned, Reason.STREAM_PINNED,
              f"stream {stream.name!r} is pinned to {stream.override.claimant!r}; unpin it first")
     stream.override = None
     stream.updated_ms = command.now_ms
@@ -387,6 +396,8 @@ def _authority_set_pinned(state: MetaState, command: raft_pb2.RaftCommand
     stream = _stream(state, request.stream)
     override = stream.override
     if override is None:
+        if not request.pinned:
+            return _ok(changed=False, stream=stream)  # nothing pinned: unpinning is a no-op
         raise _Rejected(Reason.INVALID_ARGUMENT,
                         f"stream {stream.name!r} has no authority override to pin")
     changed = override.pinned != request.pinned
@@ -413,6 +424,7 @@ def _consumer_create(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb
     config.CopyFrom(create.config)
     consumers[config.name] = ConsumerAssignment(stream=stream.name, config=config,
                                                 created_ms=command.now_ms)
+    state.encoded_consumers.pop((stream.name, config.name), None)
     return _ok(stream=stream)
 
 
@@ -423,6 +435,7 @@ def _consumer_delete(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb
     _require(request.consumer in consumers, Reason.CONSUMER_NOT_FOUND,
              f"consumer {request.consumer!r} of stream {stream.name!r} not found")
     del consumers[request.consumer]
+    state.encoded_consumers.pop((stream.name, request.consumer), None)
     return _ok(stream=stream)
 
 
@@ -460,7 +473,7 @@ def _consumer_state_update(state: MetaState, command: raft_pb2.RaftCommand
         if progress.fence_epoch and progress.fence_epoch < stream.fence_epoch:
             skip(progress, Reason.STALE_EPOCH)
             continue
-        consumer = state.consumers.get(progress.stream, {}).get(progress.consumer)
+        consumer = _consumer(state, progress.stream, progress.consumer)
         if consumer is None:
             skip(progress, Reason.CONSUMER_NOT_FOUND)
             continue
@@ -519,7 +532,7 @@ def check_invariants(state: MetaState) -> None:
         for consumer_name, consumer in consumers.items():
             _invariant(consumer_name == consumer.name and consumer.stream == name,
                        f"consumer key {name}/{consumer_name} != {consumer.stream}/{consumer.name}")
-            _invariant(all(seq > consumer.ack_floor for seq in consumer.acked),
+            _invariant(not consumer.acked or min(consumer.acked) > consumer.ack_floor,
                        f"consumer {name}/{consumer_name}: acked seq at or below the floor")
             _invariant(consumer.ack_floor + 1 not in consumer.acked,
                        f"consumer {name}/{consumer_name}: floor not advanced over acked seqs")
@@ -554,9 +567,64 @@ def _invariant(condition: bool, message: str) -> None:
 
 
 def to_snapshot(state: MetaState) -> raft_pb2.RaftSnapshot:
-    """The whole state as a protobuf; lists sorted by key, so equal states give equal bytes."""
+    """The whole state as a protobuf, built from scratch; lists sorted by key, so equal states
+    give equal bytes. `encode_snapshot` gives the same bytes faster."""
     snapshot = raft_pb2.RaftSnapshot(last_applied_index=state.applied_index,
                                      next_stream_id=state.next_stream_id)
+    _add_members(snapshot, state)
+    for name in sorted(state.streams):
+        snapshot.streams.append(_stream_record(state.streams[name]))
+    for stream_name in sorted(state.consumers):
+        consumers = state.consumers[stream_name]
+        for consumer_name in sorted(consumers):
+            snapshot.consumers.append(_consumer_record(stream_name, consumers[consumer_name]))
+    return snapshot
+
+
+def encode_snapshot(state: MetaState, *, last_applied_index: int | None = None) -> bytes:
+    """`to_snapshot(state).SerializeToString()`, re-encoding only the streams and consumers
+    changed since the last call (a snapshot is taken in pysyncobj's tick thread, which must not
+    stall for long). Protobuf lets repeated fields be concatenated, encoded, in key order."""
+    head = raft_pb2.RaftSnapshot(
+        last_applied_index=state.applied_index if last_applied_index is None
+        else last_applied_index,
+        next_stream_id=state.next_stream_id)
+    _add_members(head, state)
+    parts = [head.SerializeToString()]
+    for name in sorted(state.streams):
+        record = state.encoded_streams.get(name)
+        if record is None:
+            record = _stream_record(state.streams[name]).SerializeToString()
+            state.encoded_streams[name] = record
+        parts += (_STREAMS_TAG, _varint(len(record)), record)
+    for stream_name in sorted(state.consumers):
+        consumers = state.consumers[stream_name]
+        for consumer_name in sorted(consumers):
+            key = (stream_name, consumer_name)
+            record = state.encoded_consumers.get(key)
+            if record is None:
+                record = _consumer_record(stream_name, consumers[consumer_name]
+                                          ).SerializeToString()
+                state.encoded_consumers[key] = record
+            parts += (_CONSUMERS_TAG, _varint(len(record)), record)
+    return b"".join(parts)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_LENGTH_DELIMITED = 2
+_STREAMS_TAG = _varint(raft_pb2.RaftSnapshot.STREAMS_FIELD_NUMBER << 3 | _LENGTH_DELIMITED)
+_CONSUMERS_TAG = _varint(raft_pb2.RaftSnapshot.CONSUMERS_FIELD_NUMBER << 3 | _LENGTH_DELIMITED)
+
+
+def _add_members(snapshot: raft_pb2.RaftSnapshot, state: MetaState) -> None:
     for node_id in sorted(state.members):
         member = state.members[node_id]
         snapshot.members.add(
@@ -564,34 +632,32 @@ def to_snapshot(state: MetaState) -> raft_pb2.RaftSnapshot:
             grpc_address=member.grpc_address, status=member.status,
             since_ms=member.since_ms, joined_ms=member.joined_ms,
         )
-    for name in sorted(state.streams):
-        _add_stream(snapshot, state.streams[name])
-    for stream_name in sorted(state.consumers):
-        consumers = state.consumers[stream_name]
-        for consumer_name in sorted(consumers):
-            consumer = consumers[consumer_name]
-            snapshot.consumers.add(
-                stream=stream_name, config=consumer.config, created_ms=consumer.created_ms,
-                ack_floor=consumer.ack_floor, acked=sorted(consumer.acked),
-                delivered_seq=consumer.delivered_seq,
-            )
-    return snapshot
 
 
-def _add_stream(snapshot: raft_pb2.RaftSnapshot, stream: StreamAssignment) -> None:
-    record = snapshot.streams.add(
+def _stream_record(stream: StreamAssignment) -> raft_pb2.StreamAssignment:
+    record = raft_pb2.StreamAssignment(
         name=stream.name, stream_id=stream.stream_id, config=stream.config,
         replicas=stream.replicas, primary=stream.primary, fence_epoch=stream.fence_epoch,
         epoch_start_seq=stream.epoch_start_seq, created_ms=stream.created_ms,
         updated_ms=stream.updated_ms,
+        epoch_history=[raft_pb2.EpochStart(fence_epoch=epoch, start_seq=start_seq)
+                       for epoch, start_seq in stream.epoch_history],
     )
     if stream.override is not None:
         record.override.CopyFrom(raft_pb2.AuthorityOverride(
             claimant=stream.override.claimant, fence_epoch=stream.override.fence_epoch,
             pinned=stream.override.pinned, set_ms=stream.override.set_ms,
         ))
-    for epoch, start_seq in stream.epoch_history:
-        record.epoch_history.add(fence_epoch=epoch, start_seq=start_seq)
+    return record
+
+
+def _consumer_record(stream_name: str, consumer: ConsumerAssignment
+                     ) -> raft_pb2.ConsumerAssignment:
+    return raft_pb2.ConsumerAssignment(
+        stream=stream_name, config=consumer.config, created_ms=consumer.created_ms,
+        ack_floor=consumer.ack_floor, acked=sorted(consumer.acked),
+        delivered_seq=consumer.delivered_seq,
+    )
 
 
 def from_snapshot(snapshot: raft_pb2.RaftSnapshot) -> MetaState:

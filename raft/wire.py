@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import pickle
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 # Every node must use the same protocol; 5 keeps bytes as bytes (protocol 2, pysyncobj's
@@ -56,6 +57,8 @@ class RestrictedPickle:
         self.what = what
         self._lock = threading.Lock()
         self.refused = 0  # payloads refused so far (not all are attacks: also corrupt ones)
+        # Called (in the unpickling thread) with the error of each refused payload.
+        self.on_refused: list[Callable[[Exception], None]] = []
 
     @staticmethod
     def to_bytes(data: bytes | str) -> bytes:
@@ -67,9 +70,12 @@ class RestrictedPickle:
     def load(self, file: IO[bytes]) -> Any:
         try:
             return _RestrictedUnpickler(file, allowed=self.allowed_globals).load()
-        except Exception:
+        except Exception as err:
             with self._lock:
                 self.refused += 1
+                listeners = list(self.on_refused)
+            for listener in listeners:
+                listener(err)
             raise
 
     @staticmethod

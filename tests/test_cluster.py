@@ -173,13 +173,22 @@ def test_a_node_joins_and_leaves(cluster3: LocalCluster, tmp_path: Path) -> None
 
         wait_until(n4_connected, 20, what="n4 connected")
         create(cluster3, 1, "after-join", replicas=4)
-        assert reason_of(cluster3.cluster(1).LeaveNode, cluster_pb2.LeaveNodeRequest(
-            node_id="n4"), timeout=call_timeout_s) is Reason.NODE_IN_USE
-        cluster3.streams(2).DeleteStream(streams_pb2.DeleteStreamRequest(name="after-join"),
-                                         timeout=call_timeout_s)
+        cluster3.streams(3).PublishBatch(streams_pb2.PublishBatchRequest(
+            stream="after-join", entries=[streams_pb2.PublishEntry(subject="s", payload=b"j")
+                                          for _ in range(20)]), timeout=call_timeout_s)
+        held = cluster3.cluster(1).ExplainRoute(cluster_pb2.ExplainRouteRequest(
+            stream="after-join"), timeout=call_timeout_s)
+        assert "n4" in held.replicas
+        # Leaving moves n4's copies (and primaries) elsewhere first.
         status = cluster3.cluster(3).LeaveNode(cluster_pb2.LeaveNodeRequest(node_id="n4"),
                                                timeout=call_timeout_s)
         assert "n4" not in [n.node_id for n in status.nodes]
+        moved = cluster3.cluster(2).ExplainRoute(cluster_pb2.ExplainRouteRequest(
+            stream="after-join"), timeout=call_timeout_s)
+        assert "n4" not in moved.replicas and moved.primary != "n4"
+        info = cluster3.streams(1).GetStreamInfo(streams_pb2.GetStreamInfoRequest(
+            name="after-join"), timeout=call_timeout_s)
+        assert info.state.messages == 20
         assert reason_of(cluster3.cluster(1).LeaveNode, cluster_pb2.LeaveNodeRequest(
             node_id="n4"), timeout=call_timeout_s) is Reason.NODE_NOT_FOUND
         create(cluster3, 2, "after-leave")

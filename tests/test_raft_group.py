@@ -41,9 +41,11 @@ from raftlog.node.errors import RaftlogError, Reason
 from raftlog.raft import commands as c
 from raftlog.raft import group as group_module
 from raftlog.raft import wire
+from raftlog.raft.addresses import check_raft_config
 from raftlog.raft.api import Applied, LeaderChange, command_bytes_max, ensure_ok
 from raftlog.raft.group import RaftGroup, failure_error
 from raftlog.raft.memory import MemoryRaftGroup
+from raftlog.raft.snapshot_file import read_snapshot_file
 from raftlog.raft.state import to_snapshot
 from raftlog.v1 import raft_pb2
 from tests.nodeproc import free_port, wait_until
@@ -54,6 +56,7 @@ start_timeout_s = 20.0
 request_timeout_s = 10.0
 election_timeout_s = 10.0  # generous bound for a first election on a loaded 2-core machine
 failover_budget_s = 2.0  # leader killed -> new leader + a committed proposal
+start_attempts_max = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +160,7 @@ class RaftProc:
 
 class Cluster:
     def __init__(self, tmp_path: Path, size: int, *, secret: str = "") -> None:
+        tmp_path.mkdir(parents=True, exist_ok=True)
         addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
         self.nodes = [RaftProc(tmp_path / f"node{i}", address,
                                [a for a in addresses if a != address], secret=secret)
@@ -216,9 +220,18 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(size: int = 3, *, secret: str = "") -> Cluster:
-        cluster = Cluster(tmp_path, size, secret=secret)
-        made.append(cluster)
-        return cluster.start()
+        # A free port can be taken by another process before the node binds it: retry the
+        # whole cluster on fresh ports.
+        for attempt in range(start_attempts_max):
+            cluster = Cluster(tmp_path / f"attempt{attempt}", size, secret=secret)
+            made.append(cluster)
+            try:
+                return cluster.start()
+            except RuntimeError:
+                cluster.kill_all()
+                if attempt == start_attempts_max - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     try:
         yield make
@@ -482,7 +495,8 @@ def test_a_frame_that_would_run_code_is_refused(lone_node: tuple[RaftProc, str, 
 def test_a_log_entry_that_would_run_code_is_not_applied(lone_node: tuple[RaftProc, str, str],
                                                         tmp_path: Path) -> None:
     """A fake leader replicates and commits an entry whose command is a hostile pickle; the
-    node stores it but the restricted log codec refuses it when applying."""
+    node stores it, the restricted log codec refuses it when applying, and the node halts
+    (rather than retry it on every tick)."""
     node, peer_a, _ = lone_node
     marker = tmp_path / "marker"
     regular = b"\x00" + pickle.dumps(RunsCode(marker), 5)
@@ -492,10 +506,11 @@ def test_a_log_entry_that_would_run_code_is_not_applied(lone_node: tuple[RaftPro
     acked = any(isinstance(m, dict) and m.get("type") == "next_node_idx" and m.get("success")
                 for m in leader.messages(5.0))
     assert acked
-    wait_until(lambda: node.status()["counters"]["refused_frames"] > 0, 5.0,
-               what="hostile entry refused")
+    wait_until(lambda: bool(node.status()["failure"]), 5.0, what="hostile entry refused")
     status = node.status()
+    assert "restricted unpickler" in status["failure"] and "posix.system" in status["failure"]
     assert not marker.exists() and status["applied_index"] < 2
+    assert status["counters"]["refused_frames"] > 0
     leader.close()
 
 
@@ -635,7 +650,7 @@ def test_snapshots_are_protobuf_and_restart_rebuilds_the_state(local: Local) -> 
 
     before = asyncio.run(first_life())
     local.close()
-    snapshot = group_module.read_snapshot_file(str(local.dir / "raft.snapshot"))
+    snapshot = read_snapshot_file(str(local.dir / "raft.snapshot"))
     assert [member.node_id for member in snapshot.members] == ["n1", "n2", "n3"]
     assert list(snapshot.raft_nodes) == [local.address]
     assert (local.dir / "raft.snapshot").read_bytes().startswith(b"RLSNAP1\n")
@@ -714,8 +729,8 @@ def test_a_non_loopback_bind_without_a_secret_is_refused(local: Local, address: 
     with pytest.raises(RaftlogError) as raised:
         local.open(bind_address=address)
     assert raised.value.reason is Reason.INVALID_CONFIG and "secret" in raised.value.message
-    group_module.check_raft_config(bind_address=address, secret="s")  # a secret makes it fine
-    group_module.check_raft_config(bind_address="localhost:7401", secret="")
+    check_raft_config(bind_address=address, secret="s")  # a secret makes it fine
+    check_raft_config(bind_address="localhost:7401", secret="")
 
 
 def test_a_raft_port_in_use_is_a_config_error(local: Local) -> None:

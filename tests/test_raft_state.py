@@ -4,6 +4,7 @@ every step (reproduce a failure with the seed hypothesis prints)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -16,7 +17,14 @@ from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.raft import commands as c
 from raftlog.raft import state as sm
 from raftlog.raft.api import ensure_ok
-from raftlog.raft.state import MetaState, apply, check_invariants, from_snapshot, to_snapshot
+from raftlog.raft.state import (
+    MetaState,
+    apply,
+    check_invariants,
+    encode_snapshot,
+    from_snapshot,
+    to_snapshot,
+)
 from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
 
 NOW_MS = 1_700_000_000_000
@@ -127,7 +135,7 @@ def test_member_leave_removes_a_member_without_streams() -> None:
 
 def test_a_member_holding_a_stream_cannot_leave() -> None:
     state = cluster(create("orders"))
-    expect_rejected(state, c.member_leave(node_id="n2"), sm.NODE_IN_USE)
+    expect_rejected(state, c.member_leave(node_id="n2"), Reason.NODE_IN_USE)
 
 
 def test_member_set_status_records_when_it_changed() -> None:
@@ -355,11 +363,11 @@ def test_pinned_streams_keep_their_override() -> None:
     state = cluster(create("orders"), c.authority_set_override(
         stream="orders", claimant="n2", fence_epoch=2, epoch_start_seq=1, pinned=True))
     expect_rejected(state, c.stream_promote(stream="orders", new_primary="n3", new_fence_epoch=3,
-                                            epoch_start_seq=1), sm.STREAM_PINNED)
-    expect_rejected(state, c.authority_clear_override(stream="orders"), sm.STREAM_PINNED)
+                                            epoch_start_seq=1), Reason.STREAM_PINNED)
+    expect_rejected(state, c.authority_clear_override(stream="orders"), Reason.STREAM_PINNED)
     expect_rejected(state, c.authority_set_override(stream="orders", claimant="n3",
                                                     fence_epoch=3, epoch_start_seq=1),
-                    sm.STREAM_PINNED)
+                    Reason.STREAM_PINNED)
     # The claimant itself may move to a new epoch; the override follows it.
     run(state, c.stream_promote(stream="orders", new_primary="n2", new_fence_epoch=3,
                                 epoch_start_seq=1))
@@ -375,9 +383,12 @@ def test_pinned_streams_keep_their_override() -> None:
 
 
 def test_pinning_needs_an_override() -> None:
-    expect_rejected(cluster(create("orders")), c.authority_set_pinned(stream="orders",
-                                                                      pinned=True),
+    state = cluster(create("orders"))
+    expect_rejected(state, c.authority_set_pinned(stream="orders", pinned=True),
                     Reason.INVALID_ARGUMENT)
+    # Unpinning a stream without an override is a no-op (so a retried unpin succeeds).
+    unpinned = run(state, c.authority_set_pinned(stream="orders", pinned=False))
+    assert unpinned.ok and not unpinned.changed
 
 
 # Consumers ---------------------------------------------------------------------------------
@@ -463,6 +474,23 @@ def test_consumer_state_update_skips_unknown_consumers_and_applies_the_rest() ->
     assert state.consumers["orders"]["billing"].ack_floor == 3
 
 
+def test_consumer_progress_from_an_older_epoch_is_skipped() -> None:
+    """A deposed primary cannot commit acks the new primary did not load (G5)."""
+    state = cluster(create("orders"), consumer("orders", "billing"),
+                    c.stream_promote(stream="orders", new_primary="n2", new_fence_epoch=2,
+                                     epoch_start_seq=5))
+
+    def update(epoch: int) -> raft_pb2.RaftResult:
+        return run(state, c.consumer_state_update(updates=[c.consumer_progress(
+            stream="orders", consumer="billing", ack_floor=9, fence_epoch=epoch)]))
+
+    assert [s.reason for s in update(1).skipped] == ["STALE_EPOCH"]
+    assert state.consumers["orders"]["billing"].ack_floor == 0
+    assert update(2).updates_applied == 1
+    assert update(0).updates_applied == 1  # 0 = not checked
+    assert state.consumers["orders"]["billing"].ack_floor == 9
+
+
 def test_acked_above_floor_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sm, "acked_above_floor_max", 2)
     state = cluster(create("orders"), consumer("orders", "billing"),
@@ -519,6 +547,21 @@ def test_snapshot_round_trip_equals_the_state() -> None:
     assert from_snapshot(raft_pb2.RaftSnapshot.FromString(snapshot.SerializeToString())) == state
     assert [s.name for s in snapshot.streams] == ["audit", "orders"]
     assert list(snapshot.consumers[0].acked) == [7, 9]
+
+
+def test_encode_snapshot_reencodes_only_what_changed() -> None:
+    state = full_state()
+    first = encode_snapshot(state)
+    assert first == to_snapshot(state).SerializeToString()
+    cached = dict(state.encoded_streams)
+    run(state, c.stream_update(name="audit", replicas=("n4", "n1")),
+        progress("orders", "billing", floor=20))
+    assert state.encoded_streams.keys() == {"orders"} and cached["orders"] is \
+        state.encoded_streams["orders"]
+    assert ("orders", "billing") not in state.encoded_consumers
+    assert encode_snapshot(state) == to_snapshot(state).SerializeToString() != first
+    assert encode_snapshot(state, last_applied_index=99) == to_snapshot(
+        dataclasses.replace(state, applied_index=99)).SerializeToString()
 
 
 def test_apply_is_deterministic() -> None:
@@ -656,11 +699,14 @@ class MetaStateMachine(RuleBasedStateMachine):
         self.do(c.consumer_delete(stream=name, consumer=consumer_name))
 
     @rule(name=streams, consumer_name=st.sampled_from(CONSUMERS), floor=st.integers(0, 30),
-          acked=st.lists(st.integers(0, 40), max_size=6), delivered=st.integers(0, 50))
+          acked=st.lists(st.integers(0, 40), max_size=6), delivered=st.integers(0, 50),
+          epoch_offset=st.sampled_from((None, -1, 0)))
     def consumer_progress(self, name: str, consumer_name: str, floor: int, acked: list[int],
-                          delivered: int) -> None:
-        self.do(progress(name, consumer_name, floor=floor, acked=tuple(acked),
-                         delivered=delivered))
+                          delivered: int, epoch_offset: int | None) -> None:
+        epoch = 0 if epoch_offset is None else max(0, self.stream(name)[0] + epoch_offset)
+        self.do(c.consumer_state_update(updates=[c.consumer_progress(
+            stream=name, consumer=consumer_name, ack_floor=floor, acked=acked,
+            delivered_seq=delivered, fence_epoch=epoch)]))
 
     @invariant()
     def rules_hold(self) -> None:
@@ -684,40 +730,15 @@ class MetaStateMachine(RuleBasedStateMachine):
     @invariant()
     def snapshot_round_trip_equals_state(self) -> None:
         snapshot = to_snapshot(self.state)
-        restored = from_snapshot(raft_pb2.RaftSnapshot.FromString(snapshot.SerializeToString()))
+        encoded = snapshot.SerializeToString()
+        # The cached encoding matches one from scratch: apply dropped every record it changed.
+        assert encode_snapshot(self.state) == encoded
+        restored = from_snapshot(raft_pb2.RaftSnapshot.FromString(encoded))
         assert restored == self.state
-        assert to_snapshot(restored).SerializeToString() == snapshot.SerializeToString()
+        assert encode_snapshot(restored) == encoded
 
 
 MetaStateMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
                                               deadline=None)
 test_meta_state_machine = MetaStateMachine.TestCase
 
-
-def test_consumer_progress_from_an_older_epoch_is_skipped() -> None:
-    from raftlog.raft.state import MetaState, apply
-    from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
-
-    state = MetaState()
-    for command in (
-        raft_pb2.RaftCommand(now_ms=1, member_join=raft_pb2.MemberJoin(
-            node_id="a", raft_address="a:1", grpc_address="a:2")),
-        raft_pb2.RaftCommand(now_ms=1, member_join=raft_pb2.MemberJoin(
-            node_id="b", raft_address="b:1", grpc_address="b:2")),
-        raft_pb2.RaftCommand(now_ms=1, stream_create=raft_pb2.StreamCreate(
-            config=types_pb2.StreamConfig(name="s"), replicas=["a", "b"], primary="a")),
-        raft_pb2.RaftCommand(now_ms=1, consumer_create=raft_pb2.ConsumerCreate(
-            stream="s", config=consumers_pb2.ConsumerConfig(name="c"))),
-        raft_pb2.RaftCommand(now_ms=2, stream_promote=raft_pb2.StreamPromote(
-            stream="s", new_primary="b", new_fence_epoch=2, epoch_start_seq=5)),
-    ):
-        assert apply(state, command).ok
-    stale = apply(state, raft_pb2.RaftCommand(now_ms=3, consumer_state_update=(
-        raft_pb2.ConsumerStateUpdate(updates=[raft_pb2.ConsumerProgress(
-            stream="s", consumer="c", ack_floor=9, fence_epoch=1)]))))
-    assert [s.reason for s in stale.skipped] == ["STALE_EPOCH"]
-    assert state.consumers["s"]["c"].ack_floor == 0
-    current = apply(state, raft_pb2.RaftCommand(now_ms=3, consumer_state_update=(
-        raft_pb2.ConsumerStateUpdate(updates=[raft_pb2.ConsumerProgress(
-            stream="s", consumer="c", ack_floor=9, fence_epoch=2)]))))
-    assert current.updates_applied == 1 and state.consumers["s"]["c"].ack_floor == 9
