@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import bench_failover  # scripts/ is sys.path[0]
 import grpc
 
 from raftlog.node import cli_format as fmt
@@ -366,11 +367,13 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
 # The JetStream peer.
 
 
-def run_peer(*, quick: bool, replicas: int = 1) -> dict[str, Any]:
+def run_peer(*, quick: bool, replicas: int = 1, failover_trials: int = 0) -> dict[str, Any]:
     """Runs the peer (its progress goes to our stderr); its JSON, or {"error": ...}."""
     if not os.access(PEER_RUN, os.X_OK):
         return {"error": f"{PEER_RUN} not found or not executable"}
-    command = [str(PEER_RUN), "--replicas", str(replicas), "--phases", "pub",
+    phases = "pub,failover" if failover_trials else "pub"
+    command = [str(PEER_RUN), "--replicas", str(replicas), "--phases", phases,
+               *(["--failover-trials", str(failover_trials)] if failover_trials else []),
                *(["--quick"] if quick else [])]
     _log(f"running {' '.join(command)}")
     timeout_s = peer_timeout_quick_s if quick else peer_timeout_s
@@ -602,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="stream replicas: 1 = one node; 3 or 5 = a local cluster of that many nodes",
     )
+    parser.add_argument("--failover", action="store_true",
+                        help="also kill -9 the primary of an R3 stream under a publisher, "
+                        "10 trials (3 with --quick; issue 4)")
     args = parser.parse_args(argv)
     if args.replicas not in (1, 3, 5):
         parser.error("--replicas: 1, 3 or 5")
@@ -626,7 +632,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             status = node.stop()
             _log(f"node stopped (exit status {status})")
-    peer = None if args.no_peer else run_peer(quick=args.quick, replicas=args.replicas)
+    fo_plan = bench_failover.QUICK if args.quick else bench_failover.FULL
+    failover = (bench_failover.run_trials(fo_plan, seed=bench_failover.wl.seed_from_env(),
+                                          quick=args.quick) if args.failover else None)
+    peer = None if args.no_peer else run_peer(
+        quick=args.quick, replicas=args.replicas,
+        failover_trials=fo_plan.trials if args.failover else 0)
     js = None if peer is None or "error" in peer else peer_figures(peer, replicas=args.replicas)
     document = {
         "schema": SCHEMA,
@@ -645,12 +656,17 @@ def main(argv: list[str] | None = None) -> int:
         "jetstream": js,
         "jetstream_error": None if peer is None else peer.get("error"),
         "ratios": ratios(raftlog, js),
+        "failover": None if failover is None else bench_failover.with_peer(failover, peer),
     }
     print(table(document), file=sys.stderr)
+    if document["failover"]:
+        print(bench_failover.table(document["failover"]), file=sys.stderr)
     print(json.dumps(document, indent=2))
     failures = _phase_errors(raftlog) + (
         [document["jetstream_error"]] if document["jetstream_error"] else []
     )
+    if document["failover"] and bench_failover.failed(document["failover"]):
+        failures.append("failover: an acknowledged message was missing or a check failed")
     for failure in failures:
         _log(f"FAILED {failure}")
     return 1 if failures else 0

@@ -48,8 +48,6 @@ probe_call_timeout_s = 3.0  # > probe_head_start_s: their first calls outlive th
 probe_head_start_s = 0.2
 run_bound_s = 240.0  # publishers and consumer stop by themselves after this, whatever happens
 
-# `raises`: a cluster that fails to start is an error, not an expected failure.
-
 
 @dataclass
 class Load:
