@@ -49,7 +49,7 @@ from raftlog.v1 import (
 
 log = logging.getLogger(__name__)
 
-switch_interval_s = 0.001  # GIL hand-off; see DESIGN §3 (fsync threads wait for the GIL)
+switch_interval_s = 0.0002  # GIL hand-off; threads back from an fsync wait at most this (DESIGN §3)
 SERVICE_NAMES = (
     streams_pb2.DESCRIPTOR.services_by_name["Streams"].full_name,
     consumers_pb2.DESCRIPTOR.services_by_name["Consumers"].full_name,
