@@ -146,3 +146,28 @@ def test_a_dead_members_replicas_are_recreated_elsewhere(
         assert victim not in route(cluster, "r3").replicas
         wait_until(lambda: len(local_copy(cluster, cluster.index_of(spare), "r3")) == 50, 20,
                    what="the new replica caught up")
+
+
+def test_a_replica_behind_the_primarys_head_is_reseeded(cluster3: LocalCluster) -> None:
+    cluster3.streams(1).CreateStream(streams_pb2.CreateStreamRequest(
+        config=types_pb2.StreamConfig(name="trim", max_msgs=50)), timeout=call_timeout_s)
+    placed = route(cluster3, "trim")
+    lagging = next(n for n in placed.replicas if n != placed.primary)
+    index = cluster3.index_of(lagging)
+    cluster3.streams(1).PublishBatch(streams_pb2.PublishBatchRequest(stream="trim", entries=[
+        streams_pb2.PublishEntry(subject="s", payload=b"a%d" % i) for i in range(20)]),
+        timeout=call_timeout_s)
+    wait_until(lambda: len(local_copy(cluster3, index, "trim")) == 20, 10,
+               what="the replica holds the first 20")
+    cluster3.kill9(index)
+    primary = cluster3.index_of(placed.primary)
+    for chunk in range(4):  # 200 more: the primary keeps seqs 171..220 only
+        cluster3.streams(primary).PublishBatch(streams_pb2.PublishBatchRequest(
+            stream="trim", entries=[streams_pb2.PublishEntry(subject="s", payload=b"b%d" % i)
+                                    for i in range(chunk * 50, chunk * 50 + 50)]),
+            timeout=call_timeout_s)
+    cluster3.start(index)
+    wanted = local_copy(cluster3, primary, "trim")
+    assert sorted(wanted) == list(range(171, 221))
+    wait_until(lambda: local_copy(cluster3, index, "trim") == wanted, 20,
+               what="the returning replica re-seeded from the primary's head")
