@@ -254,3 +254,28 @@ def test_forwarding_loops_and_missing_leaders_fail_fast(cluster3: LocalCluster) 
         create(cluster3, 1, "no-quorum")
     assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     assert time.monotonic() - started < call_timeout_s + 1
+
+
+def test_a_deleted_stream_leaves_nothing_behind_on_any_replica(cluster3: LocalCluster) -> None:
+    from raftlog.v1 import replication_pb2, replication_pb2_grpc
+
+    create(cluster3, 1, "gone")
+    cluster3.streams(2).PublishBatch(streams_pb2.PublishBatchRequest(stream="gone", entries=[
+        streams_pb2.PublishEntry(subject="s", payload=b"old")] * 30), timeout=call_timeout_s)
+    cluster3.consumers(3).CreateConsumer(consumers_pb2.CreateConsumerRequest(
+        stream="gone", config=consumers_pb2.ConsumerConfig(name="c")), timeout=call_timeout_s)
+    cluster3.streams(3).DeleteStream(streams_pb2.DeleteStreamRequest(name="gone"),
+                                     timeout=call_timeout_s)
+
+    def copies() -> list[bool]:
+        return [replication_pb2_grpc.ReplicationStub(cluster3.channel(i)).ReadLocal(
+            replication_pb2.ReadLocalRequest(stream="gone"), timeout=call_timeout_s).state.exists
+            for i in (1, 2, 3)]
+
+    wait_until(lambda: not any(copies()), 10, what="every local copy removed")
+    create(cluster3, 2, "gone")
+    info = cluster3.streams(1).GetStreamInfo(streams_pb2.GetStreamInfoRequest(name="gone"),
+                                             timeout=call_timeout_s)
+    assert (info.state.messages, info.state.last_seq, info.state.consumers) == (0, 0, 0)
+    assert reason_of(cluster3.consumers(1).GetConsumerInfo, consumers_pb2.GetConsumerInfoRequest(
+        stream="gone", consumer="c"), timeout=call_timeout_s) is Reason.CONSUMER_NOT_FOUND
