@@ -93,6 +93,7 @@ class ClusterStreamsService(StreamsService):
             raise RaftlogError(Reason.STREAM_NOT_FOUND, f"no stream named {request.name!r}",
                                stream=request.name)
         config = apply_update(assignment.config, request)
+        self._engine.consumers.check_stream_subjects(request.name, list(config.subjects))
         await self._cluster.propose(raft_pb2.RaftCommand(stream_update=raft_pb2.StreamUpdate(
             name=request.name, config=config)), timeout_s=context.time_remaining())
         pruned = await self._engine.apply_config(request.name, config)

@@ -117,6 +117,7 @@ class _Stream:
     consumers: dict[str, _Consumer] = field(default_factory=dict)
     admin: asyncio.Lock = field(default_factory=asyncio.Lock)  # serialises create and delete
     trimming: bool = False
+    interest_scanned: int = 0  # interest: seqs up to here were checked against the filters
 
 
 @dataclass
@@ -285,6 +286,9 @@ class ConsumerManager:
             del found.consumers[name]
             self._close(consumer, self._not_found(stream, name))
             await self._store.delete(stream, name)
+            # What only this consumer wanted is wanted by nobody now: check again.
+            found.interest_scanned = min(
+                (c.state.ack_floor for c in found.consumers.values()), default=0)
         await self._maybe_trim(found)
 
     def list(self, stream: str) -> builtins.list[consumers_pb2.ConsumerInfo]:
@@ -482,25 +486,75 @@ class ConsumerManager:
         await self._store.save(found.log.name, record)
 
     async def _maybe_trim(self, found: _Stream) -> int:
+        """Interest retention: removes what no consumer still wants: everything when the
+        stream has no consumer; else what every consumer acknowledged (the lowest ack floor),
+        and new messages that no consumer's filter matches."""
         if found.retention != types_pb2.RETENTION_POLICY_INTEREST or found.trimming:
             return 0
         found.trimming = True
-        removed = 0
         try:
-            while self._streams.get(found.log.name) is found and found.consumers:
+            if not found.consumers:
                 log = found.log
-                floor = min(min(c.state.ack_floor for c in found.consumers.values()),
-                            log.commit_seq)
-                first = log.first_seq
-                if first > floor:
-                    break
-                last = min(floor, first + limits.retention_sweep_deletes_max - 1)
-                removed += await log.remove(list(range(first, last + 1)))
-                if log.first_seq <= last:
-                    break  # the head did not move past the batch: never spin on it
+                seqs = [entry.seq for entry in log.scan(
+                    from_seq=log.first_seq, limit=limits.retention_sweep_deletes_max)]
+                return await log.remove(seqs) if seqs else 0
+            return await self._trim_acked(found) + await self._trim_unwanted(found)
         finally:
             found.trimming = False
+
+    async def _trim_acked(self, found: _Stream) -> int:
+        removed = 0
+        while self._streams.get(found.log.name) is found and found.consumers:
+            log = found.log
+            floor = min(min(c.state.ack_floor for c in found.consumers.values()),
+                        log.commit_seq)
+            first = log.first_seq
+            if first > floor:
+                break
+            last = min(floor, first + limits.retention_sweep_deletes_max - 1)
+            removed += await log.remove(list(range(first, last + 1)))
+            if log.first_seq <= last:
+                break  # the head did not move past the batch: never spin on it
         return removed
+
+    async def _trim_unwanted(self, found: _Stream) -> int:
+        """Removes committed messages that match no consumer's filter (each seq is looked at
+        once: `interest_scanned` moves past it)."""
+        log = found.log
+        filters = [c.state.config.filter_subject for c in found.consumers.values()]
+        if not all(filters):  # some consumer wants every subject
+            found.interest_scanned = log.commit_seq
+            return 0
+        start = max(found.interest_scanned + 1, log.first_seq)
+        unwanted: builtins.list[int] = []
+        scanned = start - 1
+        for entry in log.scan(from_seq=start, limit=limits.retention_sweep_deletes_max):
+            scanned = entry.seq
+            if not any(subject_rules.matches(f, entry.subject) for f in filters):
+                unwanted.append(entry.seq)
+        if scanned < start:  # nothing stored past the cursor
+            scanned = log.commit_seq
+        found.interest_scanned = max(found.interest_scanned, scanned)
+        return await log.remove(unwanted) if unwanted else 0
+
+    def check_stream_subjects(self, stream: str, subjects: Sequence[str]) -> None:
+        """Refuses (INVALID_CONFIG) stream subjects that a consumer could no longer work
+        with: its filter would match nothing, or its dead-letter subject would be refused."""
+        found = self._stream(stream)
+        for name, consumer in found.consumers.items():
+            config = consumer.state.config
+            if not subjects:
+                continue
+            if config.filter_subject and not any(
+                    subject_rules.patterns_overlap(config.filter_subject, s) for s in subjects):
+                raise RaftlogError(Reason.INVALID_CONFIG, f"consumer {name!r} filters on "
+                                   f"{config.filter_subject!r}, which the new subjects exclude",
+                                   consumer=name)
+            if config.dead_letter_subject and not subject_rules.matches_any(
+                    list(subjects), config.dead_letter_subject):
+                raise RaftlogError(Reason.INVALID_CONFIG, f"consumer {name!r} dead-letters to "
+                                   f"{config.dead_letter_subject!r}, which the new subjects "
+                                   "refuse", consumer=name)
 
     # ----------------------------------------------------------------- lookup and reporting
 

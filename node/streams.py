@@ -39,6 +39,7 @@ class ConsumerHooks(Protocol):
     def consumer_count(self, stream: str) -> int: ...
     def on_purged(self, stream: str) -> None: ...
     async def maybe_trim_interest(self, stream: str) -> int: ...
+    def check_stream_subjects(self, stream: str, subjects: Sequence[str]) -> None: ...
 
 
 class NoConsumers:
@@ -61,6 +62,9 @@ class NoConsumers:
 
     async def maybe_trim_interest(self, stream: str) -> int:
         return 0
+
+    def check_stream_subjects(self, stream: str, subjects: Sequence[str]) -> None:
+        pass
 
 
 class StreamEngine:
@@ -167,7 +171,9 @@ class StreamEngine:
         types_pb2.StreamInfo, int
     ]:
         stream = self.get(request.name)
-        pruned = await self.apply_config(stream.name, apply_update(stream.config, request))
+        config = apply_update(stream.config, request)
+        self.consumers.check_stream_subjects(stream.name, list(config.subjects))
+        pruned = await self.apply_config(stream.name, config)
         return self.info(stream.name), pruned
 
     async def apply_config(self, name: str, config: types_pb2.StreamConfig) -> int:
@@ -223,14 +229,8 @@ class StreamEngine:
     async def _after_commit(self, stream: Stream) -> None:
         if stream.config.retention != types_pb2.RETENTION_POLICY_INTEREST:
             return
-        if self.consumers.consumer_count(stream.name) == 0:
-            # Interest retention keeps a message only while some consumer wants it.
-            seqs = [entry.seq for entry in stream.scan(from_seq=stream.first_seq,
-                                                       limit=limits.retention_sweep_deletes_max)]
-            if seqs:
-                await stream.remove(seqs)
-        else:
-            await self.consumers.maybe_trim_interest(stream.name)
+        # Interest retention keeps a message only while some consumer wants it.
+        await self.consumers.maybe_trim_interest(stream.name)
 
     # ----------------------------------------------------------------- retention sweep
 
