@@ -9,6 +9,7 @@ whatever this node's role; `Ping` is the liveness probe.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,8 @@ from raftlog.v1 import replication_pb2, replication_pb2_grpc
 log = logging.getLogger(__name__)
 
 read_local_limit_max = 10_000
+group_requests_max = 64  # batches of one call that share an fsync
+requests_waiting_max = 256  # batches read ahead of the one being applied
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -42,11 +45,54 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
 
     async def Replicate(self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest],
                         context: Context) -> AsyncIterator[replication_pb2.ReplicateAck]:
-        async for request in request_iterator:
-            yield await self.apply(request)
+        """Applies batches in order; the batches waiting together share one fsync (group
+        commit), and each is acknowledged, in order, once that fsync is done."""
+        queue: asyncio.Queue[replication_pb2.ReplicateRequest | None] = asyncio.Queue(
+            requests_waiting_max)
+
+        async def read() -> None:
+            async for request in request_iterator:
+                await queue.put(request)
+            await queue.put(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            ended = False
+            while not ended:
+                first = await queue.get()
+                if first is None:
+                    return
+                batch = [first]
+                while not queue.empty() and len(batch) < group_requests_max:
+                    following = queue.get_nowait()
+                    if following is None:
+                        ended = True
+                        break
+                    batch.append(following)
+                for ack in await self._apply_all(batch):
+                    yield ack
+        finally:
+            reader.cancel()
 
     async def apply(self, request: replication_pb2.ReplicateRequest
                     ) -> replication_pb2.ReplicateAck:
+        (ack,) = await self._apply_all([request])
+        return ack
+
+    async def _apply_all(self, requests: list[replication_pb2.ReplicateRequest]
+                         ) -> list[replication_pb2.ReplicateAck]:
+        accepted = [await self._accept(request) for request in requests]
+        if any(wrote for _, _, wrote in accepted):
+            await self._committer.durable()
+        for request, (ack, stream, _) in zip(requests, accepted, strict=True):
+            if stream is not None and not ack.refused:
+                stream.durable_seq = max(stream.durable_seq, ack.last_seq)
+                stream.set_commit_seq(request.commit_seq)
+        return [ack for ack, _, _ in accepted]
+
+    async def _accept(self, request: replication_pb2.ReplicateRequest
+                      ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
+        """Checks and writes one batch (not yet durable): (ack, local stream, wrote)."""
         ack = replication_pb2.ReplicateAck(stream=request.stream, epoch=request.epoch,
                                            request_id=request.request_id)
         stream: Stream | None = None
@@ -59,12 +105,9 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 first_seq=request.first_seq, values=list(request.messages),
                 removed=[(r.first, r.last) for r in request.removed],
                 reseed=request.reseed, head_seq=request.head_seq)
-            if request.messages or request.removed or request.reseed:
-                await self._committer.durable()
-            stream.durable_seq = last_seq
-            stream.set_commit_seq(request.commit_seq)
             ack.last_seq = last_seq
             ack.replica_epoch = stream.record.epoch
+            return ack, stream, bool(request.messages or request.removed or request.reseed)
         except RaftlogError as err:
             self.refusals += 1
             if err.reason not in (Reason.SEQ_GAP,):
@@ -75,7 +118,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             ack.message = err.message
             ack.last_seq = int(err.metadata.get("last_seq", stream.last_seq if stream else 0))
             ack.replica_epoch = int(err.metadata.get("replica_epoch", 0))
-        return ack
+            return ack, stream, False
 
     async def _local(self, name: str) -> Stream:
         stream = self._engine.streams.get(name)

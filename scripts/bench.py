@@ -1,21 +1,24 @@
-"""Single-node benchmark of raftlog, side by side with NATS JetStream R1 in the same run.
+"""Benchmark of raftlog, side by side with NATS JetStream at the same replica count, in one run.
 
-Starts its own `raftlog node` on a free loopback port with a fresh data directory, measures with
-a grpc.aio client (128-byte messages):
+Starts its own `raftlog node` (or, with --replicas 3|5, a local cluster of that many nodes, the
+client talking to the stream's primary) on free loopback ports with fresh data directories,
+measures with a grpc.aio client (128-byte messages):
 
     unary publish, 1 and 8 callers        msgs/s, per-call p50/p99 ms
     batch publish, 100 and 1000 per call  msgs/s, several calls in flight
     client-streaming publish              msgs/s
     fetch + ack, batch 100 and 1000       msgs/s, one Ack call per fetch (pipelined)
 
-then stops the node (by its pid) and runs `../shared/peers/jetstream/run --replicas 1 --phases
-pub`, and prints the ratio raftlog/JetStream for each comparable figure with its target. A table
+then stops the node (by its pid) and runs `../shared/peers/jetstream/run --replicas R --phases
+pub` (`pub,failover` with --failover, which also runs scripts/bench_failover.py), and prints
+the ratio raftlog/JetStream for each comparable figure with its target. A table
 goes to stderr, ONE JSON document to stdout. Every phase is bounded in messages and in time; the
 peer has a hard time limit. Exit status 1 when a phase or the peer failed (the JSON says which).
 
     scripts/bench                 full run, about 4 minutes with the peer
     scripts/bench --quick         small counts (about 30 s without the peer)
     scripts/bench --no-peer       skip JetStream
+    scripts/bench --replicas 3 --failover   R3 and the failover trials (issue 4), ~10 minutes
 """
 
 from __future__ import annotations
@@ -526,7 +529,7 @@ def table(document: dict[str, Any]) -> str:
     phase("fetch(100) + ack", rl["fetch_ack"]["batch_100"], latency=False)
     phase("fetch(1000) + ack", rl["fetch_ack"]["batch_1000"], latency=False)
     parts = [
-        f"raftlog single node, {payload_bytes} B messages, fsync before ack",
+        f"raftlog {_setup(document)}, {payload_bytes} B messages, fsync before ack",
         fmt.render_table(("phase", "raftlog", "node / client CPU"), rows),
     ]
     if document["jetstream"] is not None:
@@ -542,7 +545,8 @@ def table(document: dict[str, Any]) -> str:
             for name, item in document["ratios"].items()
         ]
         parts.append(
-            "raftlog / JetStream R1 (publish_async window 64, pull fetch(100)+ack, "
+            f"raftlog / JetStream R{document['meta']['replicas']} (publish_async window 64, "
+            "pull fetch(100)+ack, "
             "sync_publish; JetStream does not fsync per ack)"
         )
         parts.append(
@@ -553,6 +557,11 @@ def table(document: dict[str, Any]) -> str:
             )
         )
     return "\n\n".join(parts)
+
+
+def _setup(document: dict[str, Any]) -> str:
+    replicas = document["meta"]["replicas"]
+    return "single node (R1)" if replicas == 1 else f"{replicas}-node cluster (R{replicas})"
 
 
 def _number(value: float | None) -> str:
