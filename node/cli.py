@@ -1,4 +1,5 @@
-"""The `raftlog` command: run a node, and manage streams, consumers and messages on one.
+"""The `raftlog` command: run a node or a local cluster, and manage streams, consumers, messages
+and placement.
 
     raftlog node --data DIR --grpc 127.0.0.1:7400          run a node (SIGTERM drains)
     raftlog stream create|info|ls|update|rm|purge|get|last|subjects|scan ...
@@ -6,8 +7,10 @@
     raftlog consumer create|info|ls|rm ...
     raftlog fetch|sub STREAM CONSUMER                       read messages and ack them
     raftlog health                                          is the node serving?
-    raftlog cluster up|down|status|join|leave|overrides|stats|watch   a local or real cluster
+    raftlog cluster up|down|status|join|leave               a local or real cluster
+    raftlog cluster overrides|stats|watch|rebalance|clear-authority
     raftlog stream route NAME                               why a stream lives where it does
+    raftlog stream migrate NAME NODE [--pin] | pin | unpin  move a stream's primary
 
 Every command that talks to a node takes `--server HOST:PORT` (default: $RAFTLOG_SERVER or
 127.0.0.1:7400), `--timeout` and `--json` (one JSON document on stdout, proto field names).
