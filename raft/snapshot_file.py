@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from pathlib import Path
 
 from raftlog.node.errors import RaftlogError, Reason
+from raftlog.node.storage import fsync_dir
 from raftlog.v1 import raft_pb2
 
 _SNAPSHOT_MAGIC = b"RLSNAP1\n"
@@ -47,8 +49,4 @@ def read_snapshot_file(path: str) -> raft_pb2.RaftSnapshot:
 
 
 def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(Path(path))

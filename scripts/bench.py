@@ -49,7 +49,6 @@ from raftlog.node.client import Client, describe_failure
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, consumers_pb2, streams_pb2, types_pb2
 
 ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
-PEER_RUN = ROOT.parent / "shared" / "peers" / "jetstream" / "run"
 SCHEMA = "raftlog-bench/1"
 
 payload_bytes = 128
@@ -372,32 +371,11 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
 
 def run_peer(*, quick: bool, replicas: int = 1, failover_trials: int = 0) -> dict[str, Any]:
     """Runs the peer (its progress goes to our stderr); its JSON, or {"error": ...}."""
-    if not os.access(PEER_RUN, os.X_OK):
-        return {"error": f"{PEER_RUN} not found or not executable"}
     phases = "pub,failover" if failover_trials else "pub"
-    command = [str(PEER_RUN), "--replicas", str(replicas), "--phases", phases,
-               *(["--failover-trials", str(failover_trials)] if failover_trials else []),
-               *(["--quick"] if quick else [])]
-    _log(f"running {' '.join(command)}")
-    timeout_s = peer_timeout_quick_s if quick else peer_timeout_s
-    try:
-        completed = subprocess.run(
-            command,
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout_s,
-            check=False,
-            cwd=tempfile.gettempdir(),
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"the peer did not finish within {timeout_s:.0f} s"}
-    if completed.returncode != 0:
-        return {"error": f"the peer exited with status {completed.returncode}"}
-    try:
-        document: dict[str, Any] = json.loads(completed.stdout)
-    except json.JSONDecodeError as exc:
-        return {"error": f"the peer printed no JSON: {exc}"}
-    return document
+    return bench_failover.run_peer_command(
+        ["--replicas", str(replicas), "--phases", phases,
+         *(["--failover-trials", str(failover_trials)] if failover_trials else [])],
+        quick=quick, timeout_s=peer_timeout_quick_s if quick else peer_timeout_s)
 
 
 def peer_figures(peer: dict[str, Any], *, replicas: int = 1) -> dict[str, Any]:

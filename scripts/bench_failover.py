@@ -271,12 +271,18 @@ def checks(trials: list[Trial], summary: dict[str, Any]) -> dict[str, Any]:
 
 def run_peer(*, trials: int, quick: bool) -> dict[str, Any]:
     """The peer's failover phase (its progress on our stderr); its JSON, or {"error": ...}."""
+    return run_peer_command(["--phases", "failover", "--failover-trials", str(trials)],
+                            quick=quick,
+                            timeout_s=peer_timeout_quick_s if quick else peer_timeout_s)
+
+
+def run_peer_command(args: list[str], *, quick: bool, timeout_s: float) -> dict[str, Any]:
+    """Runs `../shared/peers/jetstream/run ARGS` (its progress on our stderr); its JSON, or
+    {"error": ...}. Shared with scripts/bench.py."""
     if not os.access(PEER_RUN, os.X_OK):
         return {"error": f"{PEER_RUN} not found or not executable"}
-    command = [str(PEER_RUN), "--phases", "failover", "--failover-trials", str(trials),
-               *(["--quick"] if quick else [])]
+    command = [str(PEER_RUN), *args, *(["--quick"] if quick else [])]
     _log(f"running {' '.join(command)}")
-    timeout_s = peer_timeout_quick_s if quick else peer_timeout_s
     try:
         completed = subprocess.run(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                    timeout=timeout_s, check=False, cwd=tempfile.gettempdir())
