@@ -241,9 +241,15 @@ async def _consumer_rm(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _ack(client: Client, args: argparse.Namespace, seqs: list[int]) -> None:
+async def _ack(client: Client, args: argparse.Namespace, seqs: list[int]) -> int:
+    """Acks `seqs`; returns how many the node accepted and warns about each one it refused
+    (the others are acked all the same)."""
     request = consumers_pb2.AckRequest(stream=args.stream, consumer=args.consumer, seqs=seqs)
-    await client.consumers.Ack(request, timeout=client.deadline_s())
+    reply = await client.consumers.Ack(request, timeout=client.deadline_s())
+    refused = [result for result in reply.results if result.HasField("error")]
+    for result in refused:
+        warn(f"seq {result.seq} not acked: {result.error.reason}: {result.error.message}")
+    return len(seqs) - len(refused)
 
 
 async def _fetch(client: Client, args: argparse.Namespace) -> int:
@@ -253,9 +259,7 @@ async def _fetch(client: Client, args: argparse.Namespace) -> int:
     deadline_s = client.deadline_s(extra_s=args.wait / 1000)
     response = await client.consumers.Fetch(request, timeout=deadline_s)
     seqs = [message.seq for message in response.messages]
-    if seqs and not args.no_ack:
-        await _ack(client, args, seqs)
-    acked = 0 if args.no_ack else len(seqs)
+    acked = await _ack(client, args, seqs) if seqs and not args.no_ack else 0
 
     def text() -> str:
         if not seqs:
@@ -285,9 +289,9 @@ class _Acker:
     async def flush(self) -> None:
         while self.pending:
             seqs = self.pending[: limits.ack_seqs_max]
-            await _ack(self.client, self.args, seqs)
+            accepted = await _ack(self.client, self.args, seqs)
             del self.pending[: len(seqs)]
-            self.acked += len(seqs)
+            self.acked += accepted
 
     async def run(self) -> None:
         while True:

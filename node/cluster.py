@@ -89,6 +89,7 @@ class ClusterNode:
         self._tasks: list[asyncio.Task[None]] = []
         self.watchers: set[asyncio.Queue[cluster_pb2.WatchEvent | None]] = set()
         self.registered = asyncio.Event()
+        self._caught_up = False  # see caught_up()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -173,8 +174,19 @@ class ClusterNode:
                                retry_after_ms=retry_after_ms)
         primary = self.primary_of(stream)
         if primary == self.node_id:
+            if not self.caught_up():  # its state may lack the stream or its consumers
+                raise RaftlogError(Reason.CATCHING_UP, "this node has not caught up with the "
+                                   "cluster's metadata yet; retry", stream=stream,
+                                   retry_after_ms=retry_after_ms)
             return None
         return self.member_address(primary)
+
+    def caught_up(self) -> bool:
+        """The metadata caught up with the leader once since start (then for good): before,
+        a stream or consumer missing here may be a command not yet applied."""
+        if not self._caught_up:
+            self._caught_up = self.group.status().ready
+        return self._caught_up
 
     # ----------------------------------------------------------------- registration
 

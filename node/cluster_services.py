@@ -2,7 +2,9 @@
 span the cluster, and the admin Cluster service.
 
 Per-stream calls reach these methods only on the stream's primary (forwarding.py routes them);
-`StreamsService` / `ConsumersService` do the local work after the metadata is committed.
+`StreamsService` / `ConsumersService` do the local work after the metadata is committed. A
+STREAM_NOT_FOUND or CONSUMER_NOT_FOUND of a per-stream call is confirmed against the metadata
+group before a client sees it (existence.py): a node that lags never denies what exists.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from raftlog.node.consumer_config import validate_config as validate_consumer_co
 from raftlog.node.consumer_service import ConsumersService
 from raftlog.node.consumers import ConsumerManager
 from raftlog.node.errors import RaftlogError, Reason
+from raftlog.node.existence import ExistenceCheck, confirming, confirming_stream
 from raftlog.node.forwarding import ChannelPool, outgoing_metadata, remaining_s
 from raftlog.node.stream_config import apply_update, validate_config
 from raftlog.node.stream_service import StreamsService
@@ -63,6 +66,17 @@ class ClusterStreamsService(StreamsService):
         super().__init__(engine)
         self._cluster = cluster
         self._pool = pool
+        self.existence = ExistenceCheck(cluster)
+
+    # Per-stream calls served here: a NOT_FOUND is confirmed first (existence.py).
+    GetStreamInfo = confirming(StreamsService.GetStreamInfo)
+    PurgeStream = confirming(StreamsService.PurgeStream)
+    GetMessage = confirming(StreamsService.GetMessage)
+    ReadLatestAtSubject = confirming(StreamsService.ReadLatestAtSubject)
+    ListSubjectsByPrefix = confirming(StreamsService.ListSubjectsByPrefix)
+    ScanExactAtSubject = confirming(StreamsService.ScanExactAtSubject)
+    Publish = confirming(StreamsService.Publish)
+    PublishBatch = confirming(StreamsService.PublishBatch)
 
     @rpc.unary
     async def CreateStream(self, request: streams_pb2.CreateStreamRequest,
@@ -84,7 +98,7 @@ class ClusterStreamsService(StreamsService):
         await self._cluster.reconcile(config.name)
         return self._engine.info(config.name)
 
-    @rpc.unary
+    @confirming
     async def UpdateStream(self, request: streams_pb2.UpdateStreamRequest,
                            context: Context) -> streams_pb2.UpdateStreamResponse:
         subjects.validate_name(request.name, what="stream")
@@ -100,7 +114,7 @@ class ClusterStreamsService(StreamsService):
         return streams_pb2.UpdateStreamResponse(info=self._engine.info(request.name),
                                                 pruned=pruned)
 
-    @rpc.unary
+    @confirming
     async def DeleteStream(self, request: streams_pb2.DeleteStreamRequest,
                            context: Context) -> streams_pb2.DeleteStreamResponse:
         subjects.validate_name(request.name, what="stream")
@@ -203,8 +217,24 @@ class ClusterConsumersService(ConsumersService):
     def __init__(self, manager: ConsumerManager, cluster: ClusterNode) -> None:
         super().__init__(manager)
         self._cluster = cluster
+        self.existence = ExistenceCheck(cluster)
 
-    @rpc.unary
+    # Per-stream calls served here: a NOT_FOUND is confirmed first (existence.py).
+    ListConsumers = confirming(ConsumersService.ListConsumers)
+    GetConsumerInfo = confirming(ConsumersService.GetConsumerInfo)
+    Fetch = confirming(ConsumersService.Fetch)
+    Ack = confirming(ConsumersService.Ack)
+    Nak = confirming(ConsumersService.Nak)
+    Term = confirming(ConsumersService.Term)
+    InProgress = confirming(ConsumersService.InProgress)
+    Subscribe = confirming_stream(ConsumersService.Subscribe)
+
+    async def _confirm_gone(self, exc: RaftlogError, *, stream: str, consumer: str
+                            ) -> RaftlogError:
+        return await self.existence.confirm(exc, stream=stream, consumer=consumer,
+                                            timeout_s=None)
+
+    @confirming
     async def CreateConsumer(self, request: consumers_pb2.CreateConsumerRequest,
                              context: Context) -> consumers_pb2.ConsumerInfo:
         subjects.validate_name(request.stream, what="stream")
@@ -229,7 +259,7 @@ class ClusterConsumersService(ConsumersService):
                                                         consumer=config.name)))
             raise
 
-    @rpc.unary
+    @confirming
     async def DeleteConsumer(self, request: consumers_pb2.DeleteConsumerRequest,
                              context: Context) -> consumers_pb2.DeleteConsumerResponse:
         subjects.validate_name(request.stream, what="stream")

@@ -451,7 +451,8 @@ def record_from_assignment(*, config: consumers_pb2.ConsumerConfig, created_ms: 
       Seqs in that range that were skipped rather than handed out (removed, or not matching
       the filter) cannot be told apart without the log: the engine's attach_stream drops the
       removed ones, and must drop the ones its filter does not match. Seqs handed out after
-      the last committed save lie above the cursor and are delivered as new.
+      the last committed save lie above the cursor and are delivered as new; an ack of one
+      is accepted all the same (consumer_state.py, `restored_last_seq`).
     - at most `redeliveries_max` deliveries, the lowest unacked seqs; any unacked seq above them
       stays below the cursor and is treated as done (never an acked seq handed out again).
     Not in the metadata, so not restored: delivery counts above 1, num_dead_lettered and the

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from raftlog.node import limits, rpc, subjects
-from raftlog.node.consumers import ConsumerManager
+from raftlog.node.consumers import ConsumerManager, Settled
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.v1 import consumers_pb2, consumers_pb2_grpc
 
@@ -44,6 +44,14 @@ def _seqs(seqs: Sequence[int]) -> Sequence[int]:
         raise RaftlogError(Reason.INVALID_ARGUMENT, "seqs start at 1; 0 is not a seq",
                            field="seqs")
     return seqs
+
+
+def _ack_response(seqs: Sequence[int], settled: Settled) -> consumers_pb2.AckResponse:
+    """One result per requested seq, in request order; a refused seq carries its error."""
+    refused = {seq: rpc.to_error_pb(error) for seq, error in settled.refused.items()}
+    return consumers_pb2.AckResponse(applied=settled.applied, results=[
+        consumers_pb2.AckResult(seq=seq, error=refused[seq]) if seq in refused
+        else consumers_pb2.AckResult(seq=seq) for seq in seqs])
 
 
 def _heartbeat_ms(value: int) -> int:
@@ -98,32 +106,34 @@ class ConsumersService(consumers_pb2_grpc.ConsumersServicer):
     async def Ack(self, request: consumers_pb2.AckRequest,
                   context: Context) -> consumers_pb2.AckResponse:
         _names(request.stream, request.consumer)
-        applied = await self._manager.ack(request.stream, request.consumer, _seqs(request.seqs))
-        return consumers_pb2.AckResponse(applied=applied)
+        seqs = _seqs(request.seqs)
+        return _ack_response(seqs, await self._manager.ack(request.stream, request.consumer,
+                                                           seqs))
 
     @rpc.unary
     async def Nak(self, request: consumers_pb2.NakRequest,
                   context: Context) -> consumers_pb2.AckResponse:
         _names(request.stream, request.consumer)
         delay_ms = _at_most("delay_ms", request.delay_ms, high=limits.nak_delay_ms_max)
-        applied = await self._manager.nak(request.stream, request.consumer, _seqs(request.seqs),
-                                          delay_ms=delay_ms)
-        return consumers_pb2.AckResponse(applied=applied)
+        seqs = _seqs(request.seqs)
+        return _ack_response(seqs, await self._manager.nak(request.stream, request.consumer,
+                                                           seqs, delay_ms=delay_ms))
 
     @rpc.unary
     async def Term(self, request: consumers_pb2.TermRequest,
                    context: Context) -> consumers_pb2.AckResponse:
         _names(request.stream, request.consumer)
-        applied = await self._manager.term(request.stream, request.consumer, _seqs(request.seqs))
-        return consumers_pb2.AckResponse(applied=applied)
+        seqs = _seqs(request.seqs)
+        return _ack_response(seqs, await self._manager.term(request.stream, request.consumer,
+                                                            seqs))
 
     @rpc.unary
     async def InProgress(self, request: consumers_pb2.InProgressRequest,
                          context: Context) -> consumers_pb2.AckResponse:
         _names(request.stream, request.consumer)
-        applied = await self._manager.in_progress(request.stream, request.consumer,
-                                                  _seqs(request.seqs))
-        return consumers_pb2.AckResponse(applied=applied)
+        seqs = _seqs(request.seqs)
+        return _ack_response(seqs, await self._manager.in_progress(request.stream,
+                                                                   request.consumer, seqs))
 
     @rpc.server_stream
     async def Subscribe(self, request: consumers_pb2.SubscribeRequest,
@@ -150,9 +160,10 @@ class ConsumersService(consumers_pb2_grpc.ConsumersServicer):
                                                      max_wait_ms=heartbeat_ms)
                 commit_seq = self._manager.commit_seq(stream)
             except RaftlogError as exc:
-                reason = _gone_reason(exc)
+                confirmed = await self._confirm_gone(exc, stream=stream, consumer=name)
+                reason = _gone_reason(confirmed)
                 if reason is None:
-                    raise
+                    raise confirmed from None
                 yield _stopped(reason)
                 return
             for message in messages:
@@ -160,6 +171,12 @@ class ConsumersService(consumers_pb2_grpc.ConsumersServicer):
             if not messages:
                 yield consumers_pb2.SubscribeEvent(
                     heartbeat=consumers_pb2.Heartbeat(commit_seq=commit_seq))
+
+    async def _confirm_gone(self, exc: RaftlogError, *, stream: str, consumer: str
+                            ) -> RaftlogError:
+        """The error to act on when a subscription's stream or consumer seems gone: here, as
+        it is (a clustered node confirms it first)."""
+        return exc
 
 
 def _stopped(reason: str) -> consumers_pb2.SubscribeEvent:

@@ -12,6 +12,23 @@ Seq bookkeeping (stream seqs throughout):
 - DELIVER_POLICY_LAST_PER_SUBJECT first hands out `start_seqs` (all above the cursor), then
   continues after `start_resume_seq`, the commit seq when the consumer was created.
 
+Settling (Ack, Term, Nak, InProgress) is decided per seq: valid seqs take effect even when other
+seqs of the same call are refused. A seq counts as delivered, so may be settled, when
+- it is at or below the ack floor, pending, or already in `acked` (settling it again changes
+  nothing); or
+- it lies above the cursor, at or below `restored_last_seq` and the stream's commit seq, and
+  still holds a message the filter matches (or its message is gone). `restored_last_seq` is the
+  stream's last seq when this state was restored from a record (after a restart or a failover,
+  0 for a consumer created here): an earlier primary, or this node before it restarted, may have
+  handed out any such seq without the record saying so (deliveries are not saved, and the
+  cluster's record keeps only the floor, the acked set and the cursor). An ack of such a seq
+  goes into `acked` ahead of the cursor, and delivery passes over it: it is never handed out
+  again (G5).
+A seq above the cursor that no earlier primary can have handed out (above `restored_last_seq`),
+and a seq the cursor passed without handing it out (filter, removed), are NOT_DELIVERED; one
+above the commit seq but at or below `restored_last_seq` is CATCHING_UP (a new primary's commit
+seq has not yet reached it: retry).
+
 The durable form is `storage_pb2.ConsumerRecord`; `to_record` / `from_record` convert, and
 `from_record` checks that the record's ack floor is the one its contents imply.
 """
@@ -21,9 +38,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from raftlog.node import limits
 from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.v1 import consumers_pb2, storage_pb2
 
@@ -131,6 +149,7 @@ class DeliveryState:
     start_seqs: deque[int] = field(default_factory=deque)
     start_resume_seq: int = 0
     num_dead_lettered: int = 0
+    restored_last_seq: int = 0  # see the module docstring: settling seqs above the cursor
 
     @property
     def name(self) -> str:
@@ -188,35 +207,77 @@ class DeliveryState:
             self.delivered_seq = max(self.delivered_seq, self.start_resume_seq)
 
     def delivery_paused(self, *, acked_max: int) -> bool:
-        """Too many acks above a stuck floor: new deliveries wait until the floor moves."""
-        if len(self.acked) >= acked_max:
-            self.prune_acked()
-        return len(self.acked) >= acked_max
+        """Too many acks above a stuck floor: new deliveries wait until the floor moves. Acks
+        ahead of the cursor do not count: only delivering lets the floor reach them."""
+        if len(self.acked) < acked_max:
+            return False
+        self.prune_acked()
+        return sum(1 for seq in self.acked if seq <= self.delivered_seq) >= acked_max
 
     # ----------------------------------------------------------------- acknowledging
 
-    def check_delivered(self, seqs: Iterable[int]) -> None:
-        """Raises NOT_DELIVERED for the first seq that is neither pending nor done."""
+    def refusal(self, seq: int, *, commit_seq: int,
+                may_hold: Callable[[int], bool]) -> RaftlogError | None:
+        """Why `seq` may not be settled by this consumer, or None when it may (the rule is in
+        the module docstring). `may_hold(seq)`: the seq's message is gone or the filter matches
+        it."""
         floor = self.ack_floor
-        for seq in seqs:
-            if seq > floor and seq not in self.pending and seq not in self.acked:
-                raise RaftlogError(
-                    Reason.NOT_DELIVERED,
-                    f"seq {seq} is not awaiting an ack from consumer {self.name!r} "
-                    f"(delivered up to {self.delivered_seq}, ack floor {floor})",
-                    seq=seq, delivered_seq=self.delivered_seq, ack_floor=floor,
-                )
+        if seq <= floor or seq in self.pending or seq in self.acked:
+            return None
+        if seq > self.delivered_seq and seq <= self.restored_last_seq:
+            if seq > commit_seq:
+                return RaftlogError(
+                    Reason.CATCHING_UP,
+                    f"seq {seq} is above this primary's commit seq {commit_seq} (it took the "
+                    "stream over and is still catching up); retry", seq=seq,
+                    commit_seq=commit_seq)
+            if may_hold(seq):
+                return None
+        return RaftlogError(
+            Reason.NOT_DELIVERED,
+            f"seq {seq} is not awaiting an ack from consumer {self.name!r} "
+            f"(delivered up to {self.delivered_seq}, ack floor {floor})",
+            seq=seq, delivered_seq=self.delivered_seq, ack_floor=floor,
+        )
 
-    def ack(self, seqs: Sequence[int]) -> list[int]:
-        """Ack (or Term): all or nothing; returns the seqs that were pending and now are done."""
-        self.check_delivered(seqs)
-        return [seq for seq in dict.fromkeys(seqs) if self._done(seq)]
-
-    def nak(self, seqs: Sequence[int], *, delay_s: float, now_s: float) -> tuple[int, list[int]]:
-        """Returns (seqs changed, seqs that exhausted max_deliver and must be dead-lettered)."""
-        self.check_delivered(seqs)
-        changed, exhausted = 0, []
+    def refusals(self, seqs: Sequence[int], *, commit_seq: int,
+                 may_hold: Callable[[int], bool]) -> tuple[list[int], dict[int, RaftlogError]]:
+        """(the distinct seqs that may be settled, the refused ones with why), all judged on
+        the state before the call: the answer does not depend on the order of the seqs."""
+        accepted: list[int] = []
+        refused: dict[int, RaftlogError] = {}
+        room = limits.acked_above_floor_max - len(self.acked)  # for acks ahead of the cursor
         for seq in dict.fromkeys(seqs):
+            error = self.refusal(seq, commit_seq=commit_seq, may_hold=may_hold)
+            if error is None and seq > self.delivered_seq and seq not in self.acked:
+                room -= 1
+                if room < 0:
+                    error = RaftlogError(
+                        Reason.OVERLOADED, f"consumer {self.name!r} holds "
+                        f"{limits.acked_above_floor_max} acks above its ack floor "
+                        f"{self.ack_floor}; ack the lower seqs first", seq=seq,
+                        limit=limits.acked_above_floor_max)
+            if error is None:
+                accepted.append(seq)
+            else:
+                refused[seq] = error
+        return accepted, refused
+
+    def ack(self, seqs: Sequence[int], *, commit_seq: int, may_hold: Callable[[int], bool]
+            ) -> tuple[list[int], dict[int, RaftlogError]]:
+        """Ack (or Term), per seq: (the seqs that became done, the refused seqs with why)."""
+        accepted, refused = self.refusals(seqs, commit_seq=commit_seq, may_hold=may_hold)
+        return [seq for seq in accepted if self._done(seq) or self._done_ahead(seq)], refused
+
+    def nak(self, seqs: Sequence[int], *, delay_s: float, now_s: float, commit_seq: int,
+            may_hold: Callable[[int], bool]
+            ) -> tuple[int, list[int], dict[int, RaftlogError]]:
+        """Per seq: (seqs changed, seqs that exhausted max_deliver and must be dead-lettered,
+        the refused seqs with why). A seq not pending here (done, or ahead of the cursor)
+        changes nothing: it is not handed out again, or handed out as new."""
+        changed, exhausted = 0, []
+        accepted, refused = self.refusals(seqs, commit_seq=commit_seq, may_hold=may_hold)
+        for seq in accepted:
             if seq not in self.pending:
                 continue
             changed += 1
@@ -224,18 +285,20 @@ class DeliveryState:
                 exhausted.append(seq)
             else:
                 self.pending.reschedule(seq, deadline_s=now_s + delay_s)
-        return changed, exhausted
+        return changed, exhausted, refused
 
-    def in_progress(self, seqs: Sequence[int], *, now_s: float) -> int:
-        self.check_delivered(seqs)
+    def in_progress(self, seqs: Sequence[int], *, now_s: float, commit_seq: int,
+                    may_hold: Callable[[int], bool]) -> tuple[int, dict[int, RaftlogError]]:
+        """Per seq: restarts the ack wait of each pending seq; (seqs changed, refused)."""
         changed = 0
-        for seq in dict.fromkeys(seqs):
+        accepted, refused = self.refusals(seqs, commit_seq=commit_seq, may_hold=may_hold)
+        for seq in accepted:
             entry = self.pending.get(seq)
             if entry is not None:
                 deadline_s = now_s + self.wait_s(deliveries=entry.deliveries)
                 self.pending.reschedule(seq, deadline_s=deadline_s)
                 changed += 1
-        return changed
+        return changed, refused
 
     def dead_letter(self, seq: int) -> bool:
         """Gives up on a pending seq; False if it was acked meanwhile."""
@@ -263,6 +326,25 @@ class DeliveryState:
             return False
         self.acked.add(seq)
         return True
+
+    def _done_ahead(self, seq: int) -> bool:
+        """An ack of a seq above the cursor (an earlier primary may have handed it out)."""
+        if seq <= self.delivered_seq or seq in self.acked:
+            return False
+        self.acked.add(seq)
+        return True
+
+    def skip_acked_ahead(self, seq: int) -> bool:
+        """At delivery: True, and the cursor moves past seq, when seq was acked ahead of the
+        cursor (it is never handed out again)."""
+        if seq not in self.acked:
+            return False
+        self.skip_to(seq)
+        return True
+
+    def is_done(self, seq: int) -> bool:
+        """This consumer needs nothing more of seq: at or below the ack floor, or acked."""
+        return seq <= self.ack_floor or seq in self.acked
 
     def prune_acked(self) -> None:
         floor = self.ack_floor

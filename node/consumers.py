@@ -19,6 +19,14 @@ Ordering rules:
   still waiting for one: a save racing a delete cannot bring the record back, and an ack whose
   save raced a detach is never reported durable.
 - Nothing above the log's commit_seq is ever handed out (G4).
+- Ack, Term, Nak and InProgress answer per seq (`Settled`): the valid seqs of a call take
+  effect (and Ack and Term are durable on return) even when others are refused; which seqs may
+  be settled is decided in `consumer_state.py`.
+
+Interest retention: a message is removed once every consumer whose filter matches it has
+acknowledged it (a consumer whose filter does not match it never holds it back), and at once
+when no consumer's filter matches it or the stream has no consumer. Checked: up to the lowest
+ack floor as a range, each seq a consumer finishes when it does, and new messages once.
 """
 
 from __future__ import annotations
@@ -99,6 +107,15 @@ class _Flusher:
                 waiter.set_exception(error)
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What one Ack, Term, Nak or InProgress call did: how many seqs changed state, and each
+    refused seq with why (the others took effect)."""
+
+    applied: int
+    refused: dict[int, RaftlogError] = field(default_factory=dict)
+
+
 @dataclass(eq=False)
 class _Consumer:
     state: DeliveryState
@@ -118,6 +135,7 @@ class _Stream:
     admin: asyncio.Lock = field(default_factory=asyncio.Lock)  # serialises create and delete
     trimming: bool = False
     interest_scanned: int = 0  # interest: seqs up to here were checked against the filters
+    trim_due: set[int] = field(default_factory=set)  # interest: seqs a consumer just finished
 
 
 @dataclass
@@ -187,6 +205,16 @@ def dead_letter_headers(stream: str, consumer: str, entry: LogEntry, *,
     return entry.headers + tuple(zip(DLQ_HEADERS, values, strict=True))
 
 
+def _may_hold(log: StreamLog, filter_subject: str) -> Callable[[int], bool]:
+    """Whether a seq above the cursor may have been handed to this consumer by an earlier
+    primary: its message is gone, or the filter matches it."""
+    def may_hold(seq: int) -> bool:
+        entry = log.peek(seq)
+        return entry is None or not filter_subject or subject_rules.matches(filter_subject,
+                                                                            entry.subject)
+    return may_hold
+
+
 def _present_in(log: StreamLog, filter_subject: str = "") -> Callable[[int], bool]:
     """Whether a seq still holds a message this consumer could be handed (after a failover
     the cluster's record cannot tell a delivered seq from one the filter skipped)."""
@@ -212,13 +240,31 @@ class ConsumerManager:
         if log.name in self._streams:
             raise InvariantViolation(f"stream {log.name} attached twice")
         stream = _Stream(log=log, retention=retention, subjects=tuple(subjects))
-        now_s = self._clock.monotonic_s()
         for record in self._store.load(log.name):
-            state = DeliveryState.from_record(record, now_s=now_s)
-            state.forget_removed(first_seq=log.first_seq,
-                                 exists=_present_in(log, state.config.filter_subject))
-            self._add(stream, state)
+            self._restore(stream, record)
         self._streams[log.name] = stream
+
+    def adopt(self, stream: str, name: str) -> bool:
+        """Starts serving one consumer the store holds and this manager lacks (created after
+        the stream was attached, e.g. through a deposed primary); False when the store has
+        none. The others are left as they are."""
+        found = self._stream(stream)
+        if name in found.consumers:
+            return True
+        for record in self._store.load(stream):
+            if record.config.name == name:
+                self._restore(found, record)
+                return True
+        return False
+
+    def _restore(self, found: _Stream, record: storage_pb2.ConsumerRecord) -> None:
+        log = found.log
+        state = DeliveryState.from_record(record, now_s=self._clock.monotonic_s())
+        state.forget_removed(first_seq=log.first_seq,
+                             exists=_present_in(log, state.config.filter_subject))
+        # Deliveries are not saved: anything stored here may have been handed out already.
+        state.restored_last_seq = log.last_seq
+        self._add(found, state)
 
     def update_stream_subjects(self, stream: str, subjects: Sequence[str]) -> None:
         self._stream(stream).subjects = tuple(subjects)
@@ -393,23 +439,33 @@ class ConsumerManager:
 
     # ----------------------------------------------------------------- acknowledgements
 
-    async def ack(self, stream: str, name: str, seqs: Sequence[int]) -> int:
-        """All seqs or none; durable (and removed from a work queue) on return."""
+    async def ack(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
+        """Per seq; the seqs that took effect are durable (and removed from a work queue) on
+        return."""
         found, consumer = self._lookup(stream, name)
-        done = consumer.state.ack(seqs)
-        await self._make_durable(found, consumer, done)
-        return len(done)
+        state = consumer.state
+        done, refused = state.ack(seqs, commit_seq=found.log.commit_seq,
+                                  may_hold=_may_hold(found.log, state.config.filter_subject))
+        if done:
+            _skip_acked_ahead(found.log, state)
+        if len(refused) < len(set(seqs)):  # an accepted seq waits for its (or an earlier) save
+            await self._make_durable(found, consumer, done)
+        return Settled(applied=len(done), refused=refused)
 
-    async def term(self, stream: str, name: str, seqs: Sequence[int]) -> int:
+    async def term(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
         """Never redeliver: counts as acked, durable on return."""
         return await self.ack(stream, name, seqs)
 
-    async def nak(self, stream: str, name: str, seqs: Sequence[int], *, delay_ms: int) -> int:
+    async def nak(self, stream: str, name: str, seqs: Sequence[int], *,
+                  delay_ms: int) -> Settled:
         """Redeliver after `delay_ms`; a seq out of deliveries is dead-lettered instead."""
         _check_range("delay_ms", delay_ms, low=0, high=limits.nak_delay_ms_max)
         found, consumer = self._lookup(stream, name)
-        changed, exhausted = consumer.state.nak(seqs, delay_s=delay_ms / 1000,
-                                                now_s=self._clock.monotonic_s())
+        state = consumer.state
+        changed, exhausted, refused = state.nak(
+            seqs, delay_s=delay_ms / 1000, now_s=self._clock.monotonic_s(),
+            commit_seq=found.log.commit_seq,
+            may_hold=_may_hold(found.log, state.config.filter_subject))
         self._notify(consumer)
         dead: builtins.list[int] = []
         for seq in exhausted:
@@ -420,12 +476,16 @@ class ConsumerManager:
                 dead.append(seq)
         if dead:
             await self._make_durable(found, consumer, dead)
-        return changed
+        return Settled(applied=changed, refused=refused)
 
-    async def in_progress(self, stream: str, name: str, seqs: Sequence[int]) -> int:
+    async def in_progress(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
         """Restarts the ack wait of each pending seq."""
-        _, consumer = self._lookup(stream, name)
-        return consumer.state.in_progress(seqs, now_s=self._clock.monotonic_s())
+        found, consumer = self._lookup(stream, name)
+        state = consumer.state
+        changed, refused = state.in_progress(
+            seqs, now_s=self._clock.monotonic_s(), commit_seq=found.log.commit_seq,
+            may_hold=_may_hold(found.log, state.config.filter_subject))
+        return Settled(applied=changed, refused=refused)
 
     async def _dead_letter(self, found: _Stream, consumer: _Consumer, entry: LogEntry) -> bool:
         """Republishes a message out of deliveries (if a subject is set) and gives up on it.
@@ -456,7 +516,7 @@ class ConsumerManager:
         # Also when nothing changed: a repeated ack must not return before the first one's save.
         await consumer.flusher.flush()
         if done:
-            await self._maybe_trim(found)
+            await self._maybe_trim(found, done)
 
     # ----------------------------------------------------------------- saving
 
@@ -485,20 +545,30 @@ class ConsumerManager:
             raise consumer.closed
         await self._store.save(found.log.name, record)
 
-    async def _maybe_trim(self, found: _Stream) -> int:
+    async def _maybe_trim(self, found: _Stream, done: Sequence[int] = ()) -> int:
         """Interest retention: removes what no consumer still wants: everything when the
-        stream has no consumer; else what every consumer acknowledged (the lowest ack floor),
-        and new messages that no consumer's filter matches."""
-        if found.retention != types_pb2.RETENTION_POLICY_INTEREST or found.trimming:
+        stream has no consumer; else what every consumer acknowledged (up to the lowest ack
+        floor), each of `done` (seqs a consumer just finished) that every consumer whose filter
+        matches it has finished, and new messages that no consumer's filter matches. A trim
+        already running takes over `done`."""
+        if found.retention != types_pb2.RETENTION_POLICY_INTEREST:
+            return 0
+        found.trim_due.update(done)
+        if found.trimming:
             return 0
         found.trimming = True
         try:
             if not found.consumers:
+                found.trim_due.clear()
                 log = found.log
                 seqs = [entry.seq for entry in log.scan(
                     from_seq=log.first_seq, limit=limits.retention_sweep_deletes_max)]
                 return await log.remove(seqs) if seqs else 0
-            return await self._trim_acked(found) + await self._trim_unwanted(found)
+            removed = await self._trim_acked(found)
+            while found.trim_due and self._streams.get(found.log.name) is found:
+                finished, found.trim_due = found.trim_due, set()
+                removed += await self._trim_done(found, finished)
+            return removed + await self._trim_unwanted(found)
         finally:
             found.trimming = False
 
@@ -506,8 +576,7 @@ class ConsumerManager:
         removed = 0
         while self._streams.get(found.log.name) is found and found.consumers:
             log = found.log
-            floor = min(min(c.state.ack_floor for c in found.consumers.values()),
-                        log.commit_seq)
+            floor = self._lowest_floor(found)
             first = log.first_seq
             if first > floor:
                 break
@@ -515,6 +584,27 @@ class ConsumerManager:
             removed += await log.remove(list(range(first, last + 1)))
             if log.first_seq <= last:
                 break  # the head did not move past the batch: never spin on it
+        return removed
+
+    @staticmethod
+    def _lowest_floor(found: _Stream) -> int:
+        return min(min(c.state.ack_floor for c in found.consumers.values()),
+                   found.log.commit_seq)
+
+    async def _trim_done(self, found: _Stream, seqs: set[int]) -> int:
+        """Removes each of `seqs` that every consumer whose filter matches its message has
+        finished (above the lowest floor: `_trim_acked` had the rest)."""
+        log, floor = found.log, self._lowest_floor(found)
+        states = [c.state for c in found.consumers.values()]
+        removable: builtins.list[int] = []
+        for seq in sorted(seqs):
+            entry = log.peek(seq) if floor < seq <= log.commit_seq else None
+            if entry is not None and not any(_holds(state, entry) for state in states):
+                removable.append(seq)
+        removed = 0
+        step = limits.retention_sweep_deletes_max
+        for index in range(0, len(removable), step):
+            removed += await log.remove(removable[index:index + step])
         return removed
 
     async def _trim_unwanted(self, found: _Stream) -> int:
@@ -589,14 +679,37 @@ class ConsumerManager:
         self._notify(consumer)
 
     def _num_pending(self, found: _Stream, state: DeliveryState) -> int:
-        return len(state.start_seqs) + found.log.count_matching(
-            from_seq=state.undelivered_from_seq, filter_subject=state.config.filter_subject)
+        log, from_seq = found.log, state.undelivered_from_seq
+        # Acked ahead of the cursor (after a failover): counted by the log, never handed out.
+        acked_ahead = sum(1 for seq in state.acked
+                          if seq >= from_seq and log.peek(seq) is not None)
+        return len(state.start_seqs) + max(0, log.count_matching(
+            from_seq=from_seq, filter_subject=state.config.filter_subject) - acked_ahead)
 
     def _info(self, found: _Stream, consumer: _Consumer) -> consumers_pb2.ConsumerInfo:
         state = consumer.state
         return consumers_pb2.ConsumerInfo(
             stream=found.log.name, config=state.config, created_ms=state.created_ms,
             state=state.snapshot(num_pending=self._num_pending(found, state)))
+
+
+def _holds(state: DeliveryState, entry: LogEntry) -> bool:
+    """Interest retention: this consumer still wants the message (its filter matches it and
+    it is not done with it)."""
+    filter_subject = state.config.filter_subject
+    return (not filter_subject or subject_rules.matches(filter_subject, entry.subject)) and \
+        not state.is_done(entry.seq)
+
+
+def _skip_acked_ahead(log: StreamLog, state: DeliveryState) -> None:
+    """After acks ahead of the cursor: moves the cursor (and so the floor) over the ones that
+    are next in line, so that the floor does not wait for a fetch to pass them."""
+    if state.start_seqs or not state.acked:
+        return
+    for entry in log.scan(from_seq=state.delivered_seq + 1,
+                          filter_subject=state.config.filter_subject, limit=len(state.acked)):
+        if not state.skip_acked_ahead(entry.seq):
+            return
 
 
 def _undelivered(log: StreamLog, state: DeliveryState, *, limit: int) -> Iterator[LogEntry]:
@@ -606,7 +719,7 @@ def _undelivered(log: StreamLog, state: DeliveryState, *, limit: int) -> Iterato
     while state.start_seqs and produced < limit:
         seq = state.start_seqs[0]
         entry = log.read(seq)
-        if entry is None:
+        if entry is None or seq in state.acked:
             state.skip_to(seq)
             continue
         produced += 1
@@ -614,10 +727,16 @@ def _undelivered(log: StreamLog, state: DeliveryState, *, limit: int) -> Iterato
     if state.start_seqs or produced >= limit:
         return
     filter_subject, from_seq = state.config.filter_subject, state.delivered_seq + 1
+    # Seqs acked ahead of the cursor (after a failover) are passed over, not handed out: the
+    # scan may look at that many more entries.
     for entry in log.scan(from_seq=from_seq, filter_subject=filter_subject,
-                          limit=limit - produced):
+                          limit=limit - produced + len(state.acked)):
+        if state.skip_acked_ahead(entry.seq):
+            continue
         produced += 1
         yield entry
+        if produced >= limit:
+            return
     if produced == 0 and from_seq <= log.commit_seq and not log.count_matching(
         from_seq=from_seq, filter_subject=filter_subject
     ):

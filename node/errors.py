@@ -78,6 +78,10 @@ class Reason(enum.Enum):
     # INTERNAL: a bug or a corrupt store; never silently ignored.
     INTERNAL = "INTERNAL"
     CORRUPT_RECORD = "DATA_LOSS"
+    # Added later (names only ever appended):
+    # UNAVAILABLE: this node has not caught up with the cluster's metadata (or a new primary
+    # with the stream's commit seq) and cannot yet say; retry, after retry_after_ms if given.
+    CATCHING_UP = "UNAVAILABLE"
 
     @property
     def status(self) -> grpc.StatusCode:

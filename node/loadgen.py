@@ -227,11 +227,11 @@ async def fetch_ack(
         try:
             request = consumers_pb2.AckRequest(stream=stream, consumer=consumer, seqs=seqs)
             try:
-                await client.consumers.Ack(request, timeout=client.deadline_s())
+                reply = await client.consumers.Ack(request, timeout=client.deadline_s())
             except grpc.RpcError as exc:
                 quota.fail(describe_failure(exc, address=client.address))
                 return
-            result.msgs += len(seqs)
+            result.msgs += len(seqs) - sum(1 for r in reply.results if r.HasField("error"))
         finally:
             slots.release()
 

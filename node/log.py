@@ -45,6 +45,11 @@ class StreamLog(Protocol):
         """Highest seq that is durable and visible."""
         ...
 
+    @property
+    def last_seq(self) -> int:
+        """Highest seq stored here (committed or not; at least commit_seq on a primary)."""
+        ...
+
     def read(self, seq: int) -> LogEntry | None:
         """The message at seq, or None if removed or never committed."""
         ...

@@ -475,7 +475,7 @@ def test_ack_applies_many_seqs_and_counts_only_changes(clients: Clients) -> None
     assert consumer_info(clients).state.ack_floor == 5
 
 
-def test_ack_of_a_never_delivered_seq_is_not_delivered_and_applies_nothing(
+def test_ack_of_a_never_delivered_seq_is_refused_alone_and_the_rest_applies(
     clients: Clients
 ) -> None:
     create_stream(clients)
@@ -483,14 +483,18 @@ def test_ack_of_a_never_delivered_seq_is_not_delivered_and_applies_nothing(
         publish(clients, "a")
     create_consumer(clients)
     assert seqs_of(fetch(clients, batch=2)) == [1, 2]
-    before = consumer_info(clients)
-    metadata = expect_error(clients.consumers.Ack, consumers_pb2.AckRequest(
-        stream=STREAM, consumer="c", seqs=[1, 3]), Reason.NOT_DELIVERED)
-    assert metadata == {"seq": "3", "delivered_seq": "2", "ack_floor": "0"}
-    expect_error(clients.consumers.Ack, consumers_pb2.AckRequest(
-        stream=STREAM, consumer="c", seqs=[2, 99]), Reason.NOT_DELIVERED)
-    assert consumer_info(clients) == before  # seq 1 and 2 were not acked by either call
-    assert ack(clients, [1, 2]) == 2
+    reply = clients.consumers.Ack(consumers_pb2.AckRequest(
+        stream=STREAM, consumer="c", seqs=[1, 3]), timeout=RPC_TIMEOUT_S)
+    assert reply.applied == 1
+    assert [(r.seq, r.error.reason) for r in reply.results] == [(1, ""), (3, "NOT_DELIVERED")]
+    assert dict(reply.results[1].error.metadata) == {
+        "seq": "3", "delivered_seq": "2", "ack_floor": "0"}
+    reply = clients.consumers.Ack(consumers_pb2.AckRequest(
+        stream=STREAM, consumer="c", seqs=[2, 99]), timeout=RPC_TIMEOUT_S)
+    assert [(r.seq, r.error.reason) for r in reply.results] == [(2, ""), (99, "NOT_DELIVERED")]
+    state = consumer_info(clients).state
+    assert (state.ack_floor, state.num_ack_pending) == (2, 0)
+    assert seqs_of(fetch(clients)) == [3]
 
 
 # --------------------------------------------------------------------------------- nak, term
@@ -846,6 +850,23 @@ def test_interest_removes_a_message_once_every_consumer_acked_it(clients: Client
     assert (state.messages, state.first_seq) == (1, 3)
 
 
+def test_interest_a_lagging_consumer_whose_filter_does_not_match_holds_nothing_back(
+    clients: Clients
+) -> None:
+    create_stream(clients, retention=INTEREST)
+    create_consumer(clients, "ca", filter_subject="a")
+    create_consumer(clients, "cb", filter_subject="b")  # lags: fetches nothing yet
+    for subject in ("a", "b", "a", "b"):
+        publish(clients, subject)
+    assert seqs_of(fetch(clients, "ca")) == [1, 3]
+    assert ack(clients, [1, 3], "ca") == 2
+    assert stream_state(clients).messages == 2  # at once, not at cb's next ack
+    for seq in (1, 3):
+        expect_error(clients.streams.GetMessage, streams_pb2.GetMessageRequest(
+            stream=STREAM, seq=seq), Reason.MESSAGE_NOT_FOUND)
+    assert seqs_of(fetch(clients, "cb")) == [2, 4]
+
+
 def test_interest_keeps_nothing_without_consumers(clients: Clients) -> None:
     create_stream(clients, retention=INTEREST)
     for _ in range(3):
@@ -962,25 +983,15 @@ BAD_INPUT: list[tuple[str, str, Any, Reason]] = [
     ("ack-too-many-seqs", "Ack", consumers_pb2.AckRequest(
         stream=STREAM, consumer="c", seqs=[2] * (limits.ack_seqs_max + 1)),
      Reason.INVALID_ARGUMENT),
-    ("ack-pending-and-undelivered", "Ack", consumers_pb2.AckRequest(
-        stream=STREAM, consumer="c", seqs=[2, 3]), Reason.NOT_DELIVERED),
-    ("ack-beyond-last", "Ack", consumers_pb2.AckRequest(
-        stream=STREAM, consumer="c", seqs=[2, 1_000]), Reason.NOT_DELIVERED),
     ("ack-unknown-consumer", "Ack", consumers_pb2.AckRequest(
         stream=STREAM, consumer="nope", seqs=[1]), Reason.CONSUMER_NOT_FOUND),
     ("nak-delay-over-max", "Nak", consumers_pb2.NakRequest(
         stream=STREAM, consumer="c", seqs=[2], delay_ms=limits.nak_delay_ms_max + 1),
      Reason.INVALID_ARGUMENT),
-    ("nak-undelivered", "Nak", consumers_pb2.NakRequest(
-        stream=STREAM, consumer="c", seqs=[2, 3]), Reason.NOT_DELIVERED),
     ("nak-no-seqs", "Nak", consumers_pb2.NakRequest(stream=STREAM, consumer="c"),
      Reason.INVALID_ARGUMENT),
-    ("term-undelivered", "Term", consumers_pb2.TermRequest(
-        stream=STREAM, consumer="c", seqs=[2, 3]), Reason.NOT_DELIVERED),
     ("term-seq-0", "Term", consumers_pb2.TermRequest(stream=STREAM, consumer="c", seqs=[0]),
      Reason.INVALID_ARGUMENT),
-    ("in-progress-undelivered", "InProgress", consumers_pb2.InProgressRequest(
-        stream=STREAM, consumer="c", seqs=[3]), Reason.NOT_DELIVERED),
     ("in-progress-no-seqs", "InProgress", consumers_pb2.InProgressRequest(
         stream=STREAM, consumer="c"), Reason.INVALID_ARGUMENT),
     ("subscribe-heartbeat-too-short", "Subscribe", consumers_pb2.SubscribeRequest(
@@ -1025,6 +1036,48 @@ def test_bad_input_gets_status_and_reason_and_changes_nothing(
     # Seq 2 is still awaiting its ack and seq 3 still comes next.
     assert ack(clients, [2], stream=stream) == 1
     assert seqs_of(fetch(clients, stream=stream)) == [3]
+
+
+# Settling calls with a seq nobody delivered (consumer c: 1 acked, 2 awaiting an ack, 3 not yet
+# delivered): (case, method, request, results as (seq, reason), applied, what a fetch then gets).
+SETTLE_PER_SEQ: list[tuple[str, str, Any, list[tuple[int, str]], int, list[int]]] = [
+    ("ack-pending-and-undelivered", "Ack", consumers_pb2.AckRequest(
+        stream=STREAM, consumer="c", seqs=[2, 3]), [(2, ""), (3, "NOT_DELIVERED")], 1, [3]),
+    ("ack-beyond-last", "Ack", consumers_pb2.AckRequest(
+        stream=STREAM, consumer="c", seqs=[1_000, 2]), [(1_000, "NOT_DELIVERED"), (2, "")], 1,
+     [3]),
+    ("nak-undelivered", "Nak", consumers_pb2.NakRequest(
+        stream=STREAM, consumer="c", seqs=[2, 3]), [(2, ""), (3, "NOT_DELIVERED")], 1, [2, 3]),
+    ("term-undelivered", "Term", consumers_pb2.TermRequest(
+        stream=STREAM, consumer="c", seqs=[2, 3]), [(2, ""), (3, "NOT_DELIVERED")], 1, [3]),
+    ("in-progress-undelivered", "InProgress", consumers_pb2.InProgressRequest(
+        stream=STREAM, consumer="c", seqs=[3]), [(3, "NOT_DELIVERED")], 0, [3]),
+]
+
+
+@pytest.mark.parametrize(("method", "request_", "results", "applied", "next_fetch"),
+                         [case[1:] for case in SETTLE_PER_SEQ],
+                         ids=[case[0] for case in SETTLE_PER_SEQ])
+def test_settling_a_seq_nobody_delivered_refuses_that_seq_alone(
+    shared_clients: Clients, method: str, request_: Any, results: list[tuple[int, str]],
+    applied: int, next_fetch: list[int]
+) -> None:
+    clients, stream = shared_clients, fresh_stream_name()
+    create_stream(clients, stream, subjects=["orders.>"])
+    for _ in range(3):
+        publish(clients, "orders.a", stream=stream)
+    create_consumer(clients, "c", stream=stream, filter_subject="orders.>")
+    assert seqs_of(fetch(clients, batch=2, stream=stream)) == [1, 2]
+    assert ack(clients, [1], stream=stream) == 1
+    request = type(request_)()
+    request.CopyFrom(request_)
+    request.stream = stream
+    reply = getattr(clients.consumers, method)(request, timeout=RPC_TIMEOUT_S)
+    assert [(r.seq, r.error.reason) for r in reply.results] == results
+    assert all(r.error.code == Reason.NOT_DELIVERED.status.value[0]
+               for r in reply.results if r.error.reason)
+    assert reply.applied == applied
+    assert seqs_of(fetch(clients, stream=stream)) == next_fetch
 
 
 # --------------------------------------------------------------------------------- durability

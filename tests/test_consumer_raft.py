@@ -453,6 +453,29 @@ async def test_failover_hands_out_again_at_once_what_was_delivered_after_the_las
     assert await fetch(new) == [(seq, 1) for seq in range(6, 11)]
 
 
+@run_async
+async def test_failover_accepts_acks_of_what_the_old_primary_handed_out_and_never_undoes_them(
+) -> None:
+    env = await setup()
+    log = MemoryStreamLog(name=STREAM)
+    old = await old_primary(env, log, config("c"))
+    for _ in range(10):
+        log.append("a", b"x")
+    assert [seq for seq, _ in await fetch_some(old, 8)] == list(range(1, 9))
+    old.detach_stream(STREAM)  # kill -9: the deliveries were never saved
+
+    new = await new_primary(env, log)
+    settled = await new.ack(STREAM, "c", [*range(1, 9), 42])
+    assert settled.applied == 8
+    assert {seq: e.reason for seq, e in settled.refused.items()} == {42: Reason.NOT_DELIVERED}
+    assert env.assignment().ack_floor == 8  # committed before the answer (G5)
+    assert await fetch(new) == [(9, 1), (10, 1)]
+    env.clock.advance(10 * ACK_WAIT_S)
+    assert [seq for seq, _ in await fetch(new)] == [9, 10]
+    newer = await new_primary(env, log)  # and after one more failover
+    assert newer.info(STREAM, "c").state.ack_floor == 8
+
+
 async def fetch_some(manager: ConsumerManager, batch: int) -> list[tuple[int, int]]:
     return [(m.seq, m.deliver_count)
             for m in await manager.fetch(STREAM, "c", batch=batch, max_wait_ms=0)]

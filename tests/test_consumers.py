@@ -27,7 +27,7 @@ from raftlog.node import limits, rpc
 from raftlog.node.clock import FakeClock, SystemClock
 from raftlog.node.consumer_service import ConsumersService
 from raftlog.node.consumer_store import MemoryConsumerStore
-from raftlog.node.consumers import DLQ_HEADERS, ConsumerManager
+from raftlog.node.consumers import DLQ_HEADERS, ConsumerManager, Settled
 from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.node.log import LogEntry, MemoryStreamLog
 from raftlog.v1 import consumers_pb2, consumers_pb2_grpc, types_pb2
@@ -96,6 +96,11 @@ def saved_acks(env: Env, name: str = "c") -> set[int]:
     """Seqs the store's record says are done: at or below the floor, or in `acked`."""
     (record,) = [r for r in env.store.load(STREAM) if r.config.name == name]
     return set(range(1, record.ack_floor + 1)) | set(record.acked)
+
+
+def refusals(settled: Settled) -> dict[int, Reason]:
+    """The refused seqs of an Ack/Nak/Term/InProgress call, with their reasons."""
+    return {seq: error.reason for seq, error in settled.refused.items()}
 
 
 async def raises(reason: Reason, awaitable: Awaitable[Any]) -> RaftlogError:
@@ -307,7 +312,7 @@ async def test_messages_before_the_start_position_count_as_done(
     info = await env.create(deliver_policy=policy, **fields)
     assert info.state.ack_floor == floor
     if floor:  # acks at or below the floor are accepted and change nothing
-        assert await env.manager.ack(STREAM, "c", list(range(1, floor + 1))) == 0
+        assert (await env.manager.ack(STREAM, "c", list(range(1, floor + 1)))).applied == 0
 
 
 @run_async
@@ -316,7 +321,7 @@ async def test_last_per_subject_skips_older_messages_between_its_start_seqs() ->
     await env.create(deliver_policy=P.DELIVER_POLICY_LAST_PER_SUBJECT)
     assert env.state().num_pending == 2
     assert await env.fetch() == [1, 3]
-    await raises(Reason.NOT_DELIVERED, env.manager.ack(STREAM, "c", [2]))
+    assert refusals(await env.manager.ack(STREAM, "c", [2])) == {2: Reason.NOT_DELIVERED}
     await env.manager.ack(STREAM, "c", [1, 3])
     assert env.state().ack_floor == 3
 
@@ -523,7 +528,8 @@ async def test_ack_floor_advances_over_gaps_and_unmatched_subjects() -> None:
 
 
 NOT_DELIVERED = [
-    ("above_the_cursor", 9),
+    ("above_the_commit_seq", 9),
+    ("committed_but_not_yet_handed_out", 4),
     ("skipped_because_unmatched", 2),
 ]
 SETTLERS = [
@@ -532,28 +538,43 @@ SETTLERS = [
     ("term", lambda m, seqs: m.term(STREAM, "c", seqs)),
     ("in_progress", lambda m, seqs: m.in_progress(STREAM, "c", seqs)),
 ]
+# Pending after settling [1, bad seq] when 1 and 3 were pending: ack and term finish 1.
+PENDING_AFTER = {"ack": 1, "nak": 2, "term": 1, "in_progress": 2}
 
 
 @pytest.mark.parametrize(("case", "bad_seq"), NOT_DELIVERED, ids=[c[0] for c in NOT_DELIVERED])
 @pytest.mark.parametrize(("method", "call"), SETTLERS, ids=[c[0] for c in SETTLERS])
 @run_async
-async def test_never_delivered_seq_is_not_delivered_and_nothing_applies(
+async def test_a_never_delivered_seq_is_refused_alone_and_the_rest_of_the_call_applies(
         case: str, bad_seq: int, method: str,
-        call: Callable[[ConsumerManager, list[int]], Awaitable[int]]) -> None:
+        call: Callable[[ConsumerManager, list[int]], Awaitable[Settled]]) -> None:
     env = make_env("a", "b", "a", "a")
-    await env.create(filter_subject="a", max_deliver=1)
+    await env.create(filter_subject="a")
     await env.fetch(batch=2)  # 1 and 3
-    saves = env.store.saves
-    error = await raises(Reason.NOT_DELIVERED, call(env.manager, [1, bad_seq]))
+    settled = await call(env.manager, [1, bad_seq])
+    assert settled.applied == 1
+    assert refusals(settled) == {bad_seq: Reason.NOT_DELIVERED}
+    error = settled.refused[bad_seq]
     assert error.metadata["seq"] == str(bad_seq)
     assert error.status == grpc.StatusCode.FAILED_PRECONDITION
-    assert env.state().num_ack_pending == 2
-    assert env.state().num_dead_lettered == 0
+    assert env.state().num_ack_pending == PENDING_AFTER[method]
+    if method in ("ack", "term"):
+        assert 1 in saved_acks(env)  # durable on return, despite the refused seq
+    assert env.state().delivered_seq == 3
+
+
+@pytest.mark.parametrize(("method", "call"), SETTLERS, ids=[c[0] for c in SETTLERS])
+@run_async
+async def test_a_call_whose_every_seq_is_refused_changes_and_saves_nothing(
+        method: str, call: Callable[[ConsumerManager, list[int]], Awaitable[Settled]]) -> None:
+    env = make_env("a", "b", "a", "a")
+    await env.create(filter_subject="a", max_deliver=1)
+    await env.fetch(batch=2)
+    saves = env.store.saves
+    settled = await call(env.manager, [2, 4, 9])
+    assert (settled.applied, set(settled.refused)) == (0, {2, 4, 9})
     assert env.store.saves == saves
-    env.clock.advance(ACK_WAIT_S / 2)
-    assert await env.manager.in_progress(STREAM, "c", [1]) == 1  # 1 is still pending
-    env.clock.advance(ACK_WAIT_S / 2 + 1)
-    assert await env.fetch() == [4]  # 1's ack wait restarted, 3 will be dead-lettered
+    assert (env.state().num_ack_pending, env.state().num_dead_lettered) == (2, 0)
 
 
 @run_async
@@ -561,12 +582,12 @@ async def test_ack_is_idempotent_and_counts_only_changes() -> None:
     env = make_env("a", "a", "a")
     await env.create()
     await env.fetch()
-    assert await env.manager.ack(STREAM, "c", [2, 2]) == 1
-    assert await env.manager.ack(STREAM, "c", [2]) == 0
-    assert await env.manager.ack(STREAM, "c", [1, 2]) == 1
-    assert await env.manager.ack(STREAM, "c", [1]) == 0  # now below the floor
+    assert (await env.manager.ack(STREAM, "c", [2, 2])).applied == 1
+    assert (await env.manager.ack(STREAM, "c", [2])).applied == 0
+    assert (await env.manager.ack(STREAM, "c", [1, 2])).applied == 1
+    assert (await env.manager.ack(STREAM, "c", [1])).applied == 0  # now below the floor
     assert env.state().ack_floor == 2
-    assert await env.manager.nak(STREAM, "c", [1, 3], delay_ms=0) == 1
+    assert (await env.manager.nak(STREAM, "c", [1, 3], delay_ms=0)).applied == 1
 
 
 @run_async
@@ -595,7 +616,7 @@ async def test_ack_that_could_not_be_saved_fails_and_a_retry_saves_it() -> None:
         await env.manager.ack(STREAM, "c", [1])
     assert 1 not in saved_acks(env)
     env.store.error = None
-    assert await env.manager.ack(STREAM, "c", [1]) == 0  # already acked in memory
+    assert (await env.manager.ack(STREAM, "c", [1])).applied == 0  # already acked in memory
     assert 1 in saved_acks(env)
 
 
@@ -604,8 +625,8 @@ async def test_nak_redelivers_after_its_delay() -> None:
     env = make_env("a", "a")
     await env.create()
     await env.fetch()
-    assert await env.manager.nak(STREAM, "c", [1], delay_ms=5000) == 1
-    assert await env.manager.nak(STREAM, "c", [2], delay_ms=0) == 1
+    assert (await env.manager.nak(STREAM, "c", [1], delay_ms=5000)).applied == 1
+    assert (await env.manager.nak(STREAM, "c", [2], delay_ms=0)).applied == 1
     assert await env.fetch() == [2]
     env.clock.advance(4.9)
     assert await env.fetch() == []
@@ -621,7 +642,7 @@ async def test_term_never_redelivers_and_counts_as_acked() -> None:
     env = make_env("a", "a")
     await env.create()
     await env.fetch()
-    assert await env.manager.term(STREAM, "c", [1]) == 1
+    assert (await env.manager.term(STREAM, "c", [1])).applied == 1
     assert 1 in saved_acks(env)
     env.clock.advance(10 * ACK_WAIT_S)
     assert await env.fetch() == [2]
@@ -634,7 +655,7 @@ async def test_in_progress_restarts_the_ack_wait() -> None:
     await env.create()
     await env.fetch()
     env.clock.advance(20)
-    assert await env.manager.in_progress(STREAM, "c", [1]) == 1
+    assert (await env.manager.in_progress(STREAM, "c", [1])).applied == 1
     env.clock.advance(20)  # 40 s after delivery, 20 s after InProgress
     assert await env.fetch() == []
     env.clock.advance(10.5)
@@ -708,7 +729,7 @@ async def test_nak_of_a_message_out_of_deliveries_dead_letters_it() -> None:
     env = make_env("a", "a")
     await env.create(filter_subject="a", max_deliver=1, dead_letter_subject="dlq")
     await env.fetch()
-    assert await env.manager.nak(STREAM, "c", [1], delay_ms=0) == 1
+    assert (await env.manager.nak(STREAM, "c", [1], delay_ms=0)).applied == 1
     assert [e.subject for e in env.log.entries.values()] == ["a", "a", "dlq"]
     assert await env.fetch() == []
     assert env.state().num_dead_lettered == 1
@@ -758,12 +779,32 @@ async def test_interest_removes_what_every_consumer_is_done_with() -> None:
     await env.create("c2", filter_subject="b")
     assert await env.fetch("c1") == [1, 3]
     await env.manager.ack(STREAM, "c1", [1, 3])
-    assert sorted(env.log.entries) == [1, 2, 3]  # c2 has not seen 2 yet
+    assert sorted(env.log.entries) == [2]  # c2 has not seen 2 yet; 1 and 3 are not for it
     assert await env.fetch("c2") == [2]
     await env.manager.ack(STREAM, "c2", [2])
-    assert sorted(env.log.entries) == [3]
-    assert await env.fetch("c2") == []  # 3 is not for c2: its cursor moves past it
-    assert await env.manager.maybe_trim_interest(STREAM) == 1
+    assert env.log.entries == {}
+    assert await env.manager.maybe_trim_interest(STREAM) == 0
+
+
+@run_async
+async def test_interest_a_consumer_whose_filter_does_not_match_never_holds_a_message_back(
+) -> None:
+    env = make_env("a", "b", "a", "b", retention=INTEREST)
+    await env.create("ca", filter_subject="a")
+    await env.create("cb", filter_subject="b")  # lags: fetches nothing until the end
+    await env.create("all")
+    assert await env.fetch("ca") == [1, 3]
+    await env.manager.ack(STREAM, "ca", [1, 3])
+    assert sorted(env.log.entries) == [1, 2, 3, 4]  # "all" wants them too
+    assert await env.fetch("all") == [1, 2, 3, 4]
+    await env.manager.ack(STREAM, "all", [3, 2])
+    assert sorted(env.log.entries) == [1, 2, 4]  # 3 is done for ca and all; cb wants 2
+    await env.manager.ack(STREAM, "all", [1, 4])
+    assert sorted(env.log.entries) == [2, 4]
+    assert await env.fetch("cb") == [2, 4]
+    await env.manager.ack(STREAM, "cb", [4])
+    assert sorted(env.log.entries) == [2]
+    await env.manager.ack(STREAM, "cb", [2])
     assert env.log.entries == {}
 
 
@@ -837,7 +878,7 @@ async def test_removed_messages_are_skipped_and_count_as_done() -> None:
     await env.log.remove([2, 4])  # 2 pending, 4 not yet delivered
     env.manager.on_purged(STREAM)
     assert env.state().num_ack_pending == 2
-    assert await env.manager.ack(STREAM, "c", [2]) == 0  # accepted: nothing left to ack
+    assert (await env.manager.ack(STREAM, "c", [2])).applied == 0  # accepted: nothing left
     assert await env.fetch() == [5]
     await env.manager.ack(STREAM, "c", [1, 3])
     assert env.state().ack_floor == 4
@@ -875,7 +916,7 @@ async def test_restart_never_redelivers_an_acked_seq_and_redelivers_unacked_ones
     await env.manager.ack(STREAM, "c", [2])
     env.restart()
     assert await env.fetch() == [4]  # restored deliveries get a fresh ack wait
-    await raises(Reason.NOT_DELIVERED, env.manager.ack(STREAM, "c", [5]))
+    assert refusals(await env.manager.ack(STREAM, "c", [5])) == {5: Reason.NOT_DELIVERED}
     env.clock.advance(ACK_WAIT_S + 1)
     messages = await env.fetch_messages()
     assert [(m.seq, m.deliver_count) for m in messages] == [(1, 2), (3, 2), (4, 2)]
@@ -904,7 +945,7 @@ async def test_restart_keeps_acks_above_the_floor_and_dead_letter_count() -> Non
     env.restart()
     state = env.state()
     assert (state.ack_floor, state.num_ack_pending, state.num_dead_lettered) == (0, 1, 1)
-    assert await env.manager.ack(STREAM, "c", [1, 2, 3]) == 1
+    assert (await env.manager.ack(STREAM, "c", [1, 2, 3])).applied == 1
     assert env.state().ack_floor == 3
 
 
@@ -918,6 +959,92 @@ async def test_restart_skips_messages_removed_while_down() -> None:
     env.restart()
     assert env.state().ack_floor == 1
     assert env.state().num_ack_pending == 1
+
+
+@run_async
+async def test_after_a_restore_acks_of_seqs_handed_out_before_it_are_accepted_and_final(
+) -> None:
+    env = make_env(*["a"] * 6)
+    await env.create()
+    assert await env.fetch(batch=4) == [1, 2, 3, 4]  # never saved: fetches do not save
+    env.restart()  # as a new primary after failover: the record says nothing was handed out
+    settled = await env.manager.ack(STREAM, "c", [2, 4, 3, 1])
+    assert (settled.applied, settled.refused) == (4, {})
+    assert saved_acks(env) >= {1, 2, 3, 4}  # durable on return
+    assert env.state().ack_floor == 4  # the cursor moved over them at once
+    assert await env.fetch() == [5, 6]
+    env.clock.advance(10 * ACK_WAIT_S)
+    assert await env.fetch() == [5, 6]  # redeliveries of 5 and 6 only: 1-4 never come back
+
+
+@run_async
+async def test_acks_ahead_of_the_cursor_are_passed_over_and_the_gaps_delivered() -> None:
+    env = make_env(*["a"] * 5)
+    await env.create()
+    await env.fetch()
+    env.restart()
+    assert (await env.manager.ack(STREAM, "c", [2, 4])).applied == 2
+    assert env.state().ack_floor == 0
+    assert env.state().num_pending == 3
+    assert await env.fetch() == [1, 3, 5]
+    await env.manager.ack(STREAM, "c", [1, 3, 5])
+    assert env.state().ack_floor == 5
+    env.restart()
+    assert await env.fetch() == []
+
+
+RESTORED_REFUSALS = [
+    # (seq, reason): the log holds "a" at 1-4 and "b" at 5; seqs 1-4 are committed; the
+    # consumer (filter "a") was restored with the log's last seq 5.
+    ("above_the_last_seq_at_restore", 7, Reason.NOT_DELIVERED),
+    ("filter_does_not_match", 5, Reason.NOT_DELIVERED),
+]
+
+
+@pytest.mark.parametrize(("case", "bad_seq", "reason"), RESTORED_REFUSALS,
+                         ids=[c[0] for c in RESTORED_REFUSALS])
+@run_async
+async def test_after_a_restore_a_seq_nobody_can_have_handed_out_is_refused_alone(
+        case: str, bad_seq: int, reason: Reason) -> None:
+    env = make_env("a", "a", "a", "a", "b")
+    await env.create(filter_subject="a")
+    env.restart()
+    env.log.append("a", b"after the restore")  # seq 6: only this manager can hand it out
+    settled = await env.manager.ack(STREAM, "c", [3, bad_seq, 6])
+    assert refusals(settled) == {bad_seq: reason, 6: Reason.NOT_DELIVERED}
+    assert settled.applied == 1
+    assert 3 in saved_acks(env)
+
+
+@run_async
+async def test_a_new_primary_behind_on_its_commit_seq_answers_catching_up_per_seq() -> None:
+    log = HeldBackLog(name=STREAM)
+    for _ in range(4):
+        log.append("a", b"x")
+    log.committed = 4
+    env = make_env(log=log)
+    await env.create()
+    await env.fetch()
+    log.committed = 2  # a new primary whose commit seq has not caught up yet
+    env.restart()
+    settled = await env.manager.ack(STREAM, "c", [1, 3])
+    assert refusals(settled) == {3: Reason.CATCHING_UP}
+    assert settled.refused[3].status == grpc.StatusCode.UNAVAILABLE
+    log.committed = 4
+    assert (await env.manager.ack(STREAM, "c", [3])).applied == 1
+
+
+@run_async
+async def test_acks_ahead_of_the_cursor_are_bounded_and_never_pause_delivery(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "acked_above_floor_max", 2)
+    env = make_env(*["a"] * 6)
+    await env.create()
+    await env.fetch()
+    env.restart()
+    settled = await env.manager.ack(STREAM, "c", [2, 4, 6])
+    assert refusals(settled) == {6: Reason.OVERLOADED}
+    assert await env.fetch() == [1, 3, 5, 6]  # two acks ahead of the cursor hold nothing up
 
 
 @run_async
@@ -974,8 +1101,6 @@ BAD_REQUESTS = [
     ("nak_delay_ms_max", "Nak", consumers_pb2.NakRequest(
         stream=STREAM, consumer="c", seqs=[1], delay_ms=limits.nak_delay_ms_max + 1),
      Reason.INVALID_ARGUMENT),
-    ("not_delivered", "Ack", consumers_pb2.AckRequest(stream=STREAM, consumer="c", seqs=[7]),
-     Reason.NOT_DELIVERED),
     ("consumer_not_found", "GetConsumerInfo", consumers_pb2.GetConsumerInfoRequest(
         stream=STREAM, consumer="nobody"), Reason.CONSUMER_NOT_FOUND),
     ("config_checked", "CreateConsumer", consumers_pb2.CreateConsumerRequest(
@@ -1016,6 +1141,23 @@ async def test_service_round_trip_create_fetch_ack_info() -> None:
         assert acked.applied == 1
         listed = await stub.ListConsumers(consumers_pb2.ListConsumersRequest(stream=STREAM))
         assert [c.state.ack_floor for c in listed.consumers] == [2]
+
+
+@run_async
+async def test_service_answers_settling_calls_per_seq_in_request_order() -> None:
+    env = make_env("a", "a", "a")
+    await env.create()
+    await env.fetch(batch=2)
+    async with serving(env) as stub:
+        acked = await stub.Ack(consumers_pb2.AckRequest(stream=STREAM, consumer="c",
+                                                        seqs=[7, 1, 3, 1]))
+        assert acked.applied == 1
+        assert [(r.seq, r.error.reason) for r in acked.results] == [
+            (7, "NOT_DELIVERED"), (1, ""), (3, "NOT_DELIVERED"), (1, "")]
+        assert not acked.results[1].HasField("error")
+        assert acked.results[0].error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        nak = await stub.Nak(consumers_pb2.NakRequest(stream=STREAM, consumer="c", seqs=[2, 9]))
+        assert (nak.applied, [r.error.reason for r in nak.results]) == (1, ["", "NOT_DELIVERED"])
 
 
 async def events(stub: AioStub, **fields: Any

@@ -536,19 +536,31 @@ class Consumer:
             self.history.stopped_by = "drained"
 
     async def _ack(self, seqs: tuple[int, ...]) -> None:
-        request = consumers_pb2.AckRequest(stream=self.config.stream, consumer=self.config.name,
-                                           seqs=seqs)
+        """Acks per seq: only the seqs the server accepted count as acknowledged; the ones it
+        refused with a retryable (UNAVAILABLE) error are sent again."""
         for _ in range(ack_attempts_max):
+            request = consumers_pb2.AckRequest(stream=self.config.stream,
+                                               consumer=self.config.name, seqs=seqs)
             node, sent_at = self._nodes.current, self.clock()
             try:
-                await self._nodes.consumers().Ack(request, timeout=self.config.call_timeout_s)
+                reply = await self._nodes.consumers().Ack(request,
+                                                          timeout=self.config.call_timeout_s)
             except grpc.RpcError as exc:
                 self.history.errors[f"ack:{error_name(exc)}"] += 1
                 self._nodes.rotate()
                 await self._backoff.sleep()
                 continue
-            self.history.acks.append(AckDone(seqs, sent_at, self.clock(), node))
-            return
+            refused = {r.seq: r.error for r in reply.results if r.HasField("error")}
+            for error in refused.values():
+                self.history.errors[f"ack-seq:{error.reason}"] += 1
+            accepted = tuple(seq for seq in seqs if seq not in refused)
+            if accepted:
+                self.history.acks.append(AckDone(accepted, sent_at, self.clock(), node))
+            seqs = tuple(seq for seq in seqs if seq in refused
+                         and refused[seq].code == grpc.StatusCode.UNAVAILABLE.value[0])
+            if not seqs:
+                return
+            await self._backoff.sleep()
 
     async def _info(self) -> consumers_pb2.ConsumerInfo:
         request = consumers_pb2.GetConsumerInfoRequest(stream=self.config.stream,

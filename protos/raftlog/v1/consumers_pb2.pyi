@@ -375,20 +375,55 @@ class AckResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     APPLIED_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
     applied: _builtins.int
     """Seqs whose state changed (an ack of an already acked seq is accepted but not counted)."""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___AckResult]:
+        """One per seq of the request, in request order. A refused seq carries an error (e.g.
+        NOT_DELIVERED); the other seqs of the call took effect all the same.
+        """
+
     def __init__(
         self,
         *,
         applied: _builtins.int = ...,
+        results: _abc.Iterable[Global___AckResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AckResponse: _TypeAlias = AckResponse  # noqa: Y015
+
+@_typing.final
+class AckResult(_message.Message):
+    """The outcome of one seq of an Ack, Nak, Term or InProgress call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    @_builtins.property
+    def error(self) -> _types_pb2.Error:
+        """Set when this seq was refused."""
+
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        error: _types_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckResult: _TypeAlias = AckResult  # noqa: Y015
 
 @_typing.final
 class NakRequest(_message.Message):

@@ -121,7 +121,9 @@ class ConsumersServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Ack(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Per seq (AckResponse.results): a seq that was delivered (by this or an earlier primary)
+        is settled even when other seqs of the call are refused.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

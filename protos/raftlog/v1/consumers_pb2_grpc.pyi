@@ -38,6 +38,9 @@ class ConsumersStub:
     Fetch: _grpc.UnaryUnaryMultiCallable[_consumers_pb2.FetchRequest, _consumers_pb2.FetchResponse]
     """Up to `batch` messages; waits up to `max_wait_ms` for the first one."""
     Ack: _grpc.UnaryUnaryMultiCallable[_consumers_pb2.AckRequest, _consumers_pb2.AckResponse]
+    """Per seq (AckResponse.results): a seq that was delivered (by this or an earlier primary)
+    is settled even when other seqs of the call are refused.
+    """
     Nak: _grpc.UnaryUnaryMultiCallable[_consumers_pb2.NakRequest, _consumers_pb2.AckResponse]
     """Redeliver after `delay_ms`."""
     Term: _grpc.UnaryUnaryMultiCallable[_consumers_pb2.TermRequest, _consumers_pb2.AckResponse]
@@ -57,6 +60,9 @@ class ConsumersAsyncStub(ConsumersStub):
     Fetch: _aio.UnaryUnaryMultiCallable[_consumers_pb2.FetchRequest, _consumers_pb2.FetchResponse]  # type: ignore[assignment]
     """Up to `batch` messages; waits up to `max_wait_ms` for the first one."""
     Ack: _aio.UnaryUnaryMultiCallable[_consumers_pb2.AckRequest, _consumers_pb2.AckResponse]  # type: ignore[assignment]
+    """Per seq (AckResponse.results): a seq that was delivered (by this or an earlier primary)
+    is settled even when other seqs of the call are refused.
+    """
     Nak: _aio.UnaryUnaryMultiCallable[_consumers_pb2.NakRequest, _consumers_pb2.AckResponse]  # type: ignore[assignment]
     """Redeliver after `delay_ms`."""
     Term: _aio.UnaryUnaryMultiCallable[_consumers_pb2.TermRequest, _consumers_pb2.AckResponse]  # type: ignore[assignment]
@@ -108,7 +114,10 @@ class ConsumersServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _consumers_pb2.AckRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_consumers_pb2.AckResponse, _abc.Awaitable[_consumers_pb2.AckResponse]]: ...
+    ) -> _typing.Union[_consumers_pb2.AckResponse, _abc.Awaitable[_consumers_pb2.AckResponse]]:
+        """Per seq (AckResponse.results): a seq that was delivered (by this or an earlier primary)
+        is settled even when other seqs of the call are refused.
+        """
 
     @_abc_1.abstractmethod
     def Nak(
