@@ -149,15 +149,21 @@ class ConsumersService(consumers_pb2_grpc.ConsumersServicer):
     async def _events(self, request: consumers_pb2.SubscribeRequest, *, batch: int,
                       heartbeat_ms: int) -> AsyncIterator[consumers_pb2.SubscribeEvent]:
         """Messages as they come, a heartbeat per idle `heartbeat_ms`, and a Stopped event
-        when the consumer or its stream goes away (or, if asked, once it is drained)."""
+        when the consumer or its stream goes away (or, if asked, once it is drained).
+
+        A `yield` returns once gRPC has handed the event to the transport, which waits for the
+        client's flow-control window; so a client that does not read holds this loop, and what
+        it costs the node is one fetch: at most limits.subscribe_buffer_bytes_max (or one
+        message)."""
         stream, name = request.stream, request.consumer
         while True:
             try:
                 if request.stop_when_empty and self._manager.is_drained(stream, name):
                     yield _stopped(STOPPED_DRAINED)
                     return
-                messages = await self._manager.fetch(stream, name, batch=batch,
-                                                     max_wait_ms=heartbeat_ms)
+                messages = await self._manager.fetch(
+                    stream, name, batch=batch, max_wait_ms=heartbeat_ms,
+                    bytes_max=limits.subscribe_buffer_bytes_max)
                 commit_seq = self._manager.commit_seq(stream)
             except RaftlogError as exc:
                 confirmed = await self._confirm_gone(exc, stream=stream, consumer=name)

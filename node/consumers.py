@@ -145,8 +145,10 @@ class _Batch:
 
     stream: str
     size_max: int
+    bytes_max: int | None = None  # of LogEntry.size_bytes, besides the payload cap
     messages: list[types_pb2.Message] = field(default_factory=list)
     payload_bytes: int = 0
+    message_bytes: int = 0
     dead_lettered: list[int] = field(default_factory=list)
     full: bool = False
 
@@ -154,14 +156,18 @@ class _Batch:
         return 0 if self.full else self.size_max - len(self.messages) - len(self.dead_lettered)
 
     def fits(self, entry: LogEntry) -> bool:
-        """The payload cap; the first message always fits."""
-        if self.messages and self.payload_bytes + len(entry.payload) > limits.fetch_bytes_max:
+        """The payload cap and bytes_max; the first message always fits."""
+        if self.messages and (
+                self.payload_bytes + len(entry.payload) > limits.fetch_bytes_max
+                or (self.bytes_max is not None
+                    and self.message_bytes + entry.size_bytes > self.bytes_max)):
             self.full = True
         return not self.full
 
     def add(self, entry: LogEntry, *, deliver_count: int) -> None:
         self.messages.append(to_message(self.stream, entry, deliver_count=deliver_count))
         self.payload_bytes += len(entry.payload)
+        self.message_bytes += entry.size_bytes
 
 
 def to_message(stream: str, entry: LogEntry, *, deliver_count: int) -> types_pb2.Message:
@@ -373,9 +379,10 @@ class ConsumerManager:
 
     # ----------------------------------------------------------------- fetch
 
-    async def fetch(self, stream: str, name: str, *, batch: int, max_wait_ms: int
-                    ) -> builtins.list[types_pb2.Message]:
-        """Up to `batch` messages: due redeliveries first, then new ones. Waits up to
+    async def fetch(self, stream: str, name: str, *, batch: int, max_wait_ms: int,
+                    bytes_max: int | None = None) -> builtins.list[types_pb2.Message]:
+        """Up to `batch` messages (and, if given, at most `bytes_max` of LogEntry.size_bytes
+        together, but at least one): due redeliveries first, then new ones. Waits up to
         `max_wait_ms` (real time) for the first one, woken by commits and consumer changes."""
         _check_range("batch", batch, low=1, high=limits.fetch_batch_max)
         _check_range("max_wait_ms", max_wait_ms, low=0, high=limits.fetch_wait_ms_max)
@@ -384,16 +391,16 @@ class ConsumerManager:
         while True:
             found, consumer = self._lookup(stream, name)
             changed, above_seq = consumer.changed, found.log.commit_seq
-            messages = await self._collect(found, consumer, batch=batch)
+            messages = await self._collect(found, consumer, batch=batch, bytes_max=bytes_max)
             remaining_s = give_up_at - loop.time()
             if messages or remaining_s <= 0:
                 return messages
             timeout_s = min(remaining_s, self._until_redelivery_s(consumer))
             await _wait_for_work(found.log, changed, above_seq=above_seq, timeout_s=timeout_s)
 
-    async def _collect(self, found: _Stream, consumer: _Consumer, *, batch: int
-                       ) -> builtins.list[types_pb2.Message]:
-        out = _Batch(stream=found.log.name, size_max=batch)
+    async def _collect(self, found: _Stream, consumer: _Consumer, *, batch: int,
+                       bytes_max: int | None = None) -> builtins.list[types_pb2.Message]:
+        out = _Batch(stream=found.log.name, size_max=batch, bytes_max=bytes_max)
         await self._redeliver_due(found, consumer, out)
         if consumer.closed is None:
             self._deliver_new(found, consumer, out)

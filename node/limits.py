@@ -59,3 +59,10 @@ drain_grace_s = 2.0
 # Consumers (appended).
 acked_above_floor_max = 100_000  # acked seqs above a consumer's ack floor; new deliveries pause
 subscribe_heartbeat_ms_min = 100  # a shorter heartbeat would make an idle Subscribe spin
+
+# Bad input and resource bounds (appended).
+subscriptions_max = 1_000  # Subscribe calls a node holds open at once (a relayed one counts here)
+subscribe_buffer_bytes_max = 64 * 1024  # message bytes a Subscribe fetches ahead of the client
+log_repeats_max = 10  # log records per logger and message template per log_repeat_window_s
+log_repeat_window_s = 60  # beyond log_repeats_max, records are counted, then summarised
+log_templates_max = 1_000  # (logger, template) pairs the log limiter tracks; the oldest goes

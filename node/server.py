@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from raftlog.node import limits
+from raftlog.node import limits, log_limit
 from raftlog.node.clock import Clock, SystemClock
 from raftlog.node.cluster import ClusterNode
 from raftlog.node.cluster_admin import ClusterService
@@ -30,12 +30,14 @@ from raftlog.node.consumers import ConsumerManager
 from raftlog.node.errors import InvariantViolation
 from raftlog.node.failover import FailoverCoordinator, LivenessMonitor
 from raftlog.node.forwarding import ChannelPool, RoutingInterceptor
+from raftlog.node.malformed import MalformedRequestInterceptor
 from raftlog.node.placement import Placement
 from raftlog.node.replica import ReplicationService
 from raftlog.node.replication import ReplicationManager
 from raftlog.node.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
 from raftlog.node.stream_service import StreamsService
 from raftlog.node.streams import StreamEngine
+from raftlog.node.subscriptions import SubscriptionLimitInterceptor
 from raftlog.raft.group import RaftGroup
 from raftlog.v1 import (
     cluster_pb2,
@@ -150,7 +152,10 @@ class Node:
         self.committer.start(asyncio.get_running_loop())
         self.engine.load()
         self.engine.start()
-        interceptors = []
+        # The malformed-request guard first (outermost), then the subscription slots, so that a
+        # relayed Subscribe holds a slot here too.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            MalformedRequestInterceptor(), SubscriptionLimitInterceptor()]
         if self.cluster is not None:
             await self.cluster.start()
             assert self.cluster.replication is not None
@@ -219,6 +224,7 @@ def run(config: NodeConfig) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    log_limit.install()  # repeated lines (same logger and template) are rate limited
     sys.setswitchinterval(switch_interval_s)
     asyncio.run(serve(config))
     return 0
