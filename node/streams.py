@@ -87,6 +87,8 @@ class StreamEngine:
         self.consumers = consumers
         self.streams: dict[str, Stream] = {}
         self._next_stream_id = 1
+        self._config_locks: dict[str, asyncio.Lock] = {}  # one config change at a time
+        self._pruned_by_config: dict[str, int] = {}  # see pruned_by_config()
         self._sweeper: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- startup
@@ -177,24 +179,35 @@ class StreamEngine:
         return self.info(stream.name), pruned
 
     async def apply_config(self, name: str, config: types_pb2.StreamConfig) -> int:
-        """Makes a committed config (from the metadata group) the stream's config."""
-        stream = self.get(name)
-        config = validate_config(config)
-        stream.record.config.CopyFrom(config)
-        self.consumers.update_stream_subjects(name, list(config.subjects))
-        pruned = await stream.enforce_limits()
-        pruned += await stream.expire(now_ms=self._clock.wall_ms())
-        batch = self._storage.batch()
-        batch.put(name.encode(), stream.record.SerializeToString(),
-                  self._storage.handle(CF_STREAM_STATE))
-        self._storage.write(batch)
-        await self._committer.durable()
-        return pruned
+        """Makes a committed config (from the metadata group) the stream's config; returns
+        how many messages that pruned. Changes of one stream's config run one at a time."""
+        async with self._config_locks.setdefault(name, asyncio.Lock()):
+            stream = self.get(name)
+            config = validate_config(config)
+            stream.record.config.CopyFrom(config)
+            self.consumers.update_stream_subjects(name, list(config.subjects))
+            pruned = await stream.enforce_limits()
+            pruned += await stream.expire(now_ms=self._clock.wall_ms())
+            batch = self._storage.batch()
+            batch.put(name.encode(), stream.record.SerializeToString(),
+                      self._storage.handle(CF_STREAM_STATE))
+            self._storage.write(batch)
+            await self._committer.durable()
+            self._pruned_by_config[name] = self._pruned_by_config.get(name, 0) + pruned
+            return pruned
+
+    def pruned_by_config(self, name: str) -> int:
+        """Messages config changes have pruned from the local copy so far (a running count).
+        Whichever applies a committed config first, the update call or the cluster's
+        reconcile, the count's growth across an update is what that update pruned."""
+        return self._pruned_by_config.get(name, 0)
 
     async def delete(self, name: str) -> None:
         stream = self.get(name)
         stream.close()
         del self.streams[name]
+        self._config_locks.pop(name, None)
+        self._pruned_by_config.pop(name, None)
         self.consumers.detach_stream(name)
         batch = self._storage.batch()
         lower, upper = keys.stream_prefix(stream.stream_id), keys.stream_end(stream.stream_id)
