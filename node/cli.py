@@ -43,7 +43,8 @@ from raftlog.node.cli_base import (
 from raftlog.node.cli_cluster import register as add_cluster_commands
 from raftlog.node.cli_consumers import add_consumer_commands
 from raftlog.node.cli_streams import add_stream_commands
-from raftlog.node.config import NodeConfig
+from raftlog.node.config import NodeConfig, default_peer_address
+from raftlog.node.credentials import WeakSecret, read_secret_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,10 +164,20 @@ def _add_node(commands: Any) -> None:
         "(default 30s, or $RAFTLOG_REPLACE_DEAD_AFTER)",
     )
     node.add_argument(
+        "--peer",
+        default=None,
+        metavar="HOST:PORT",
+        type=typed(address),
+        help="peer listener for node-to-node calls (default: the Raft host, Raft port + 1)",
+    )
+    node.add_argument(
         "--secret-file",
         type=Path,
+        default=Path(os.environ["RAFTLOG_SECRET_FILE"]) if os.environ.get(
+            "RAFTLOG_SECRET_FILE") else None,
         metavar="FILE",
-        help="file holding the cluster secret (required beyond loopback)",
+        help="file holding the cluster secret, required with --raft "
+        "(default $RAFTLOG_SECRET_FILE; `raftlog cluster secret > FILE` makes one)",
     )
     node.add_argument(
         "--log-level",
@@ -189,18 +200,22 @@ def _run_node(args: argparse.Namespace) -> int:
     from raftlog.node import server  # the node's dependencies load only for `raftlog node`
 
     secret = ""
+    if args.raft and args.secret_file is None:
+        raise UsageError("--raft needs --secret-file: a node of a cluster always has the "
+                         "cluster secret (make one with `raftlog cluster secret > FILE`)")
     if args.secret_file is not None:
         try:
-            secret = args.secret_file.read_text().strip()
+            secret = read_secret_file(args.secret_file)
         except OSError as exc:
             raise UsageError(f"cannot read --secret-file: {exc}") from None
-        if not secret:
-            raise UsageError(f"--secret-file {args.secret_file} is empty")
+        except WeakSecret as exc:
+            raise UsageError(f"--secret-file {args.secret_file}: {exc}") from None
     config = NodeConfig(
         data_dir=args.data,
         grpc_address=args.grpc,
         node_id=args.node_id,
         raft_address=args.raft or "",
+        peer_address=(args.peer or default_peer_address(args.raft)) if args.raft else "",
         peers=tuple(args.peers),
         cluster_secret=secret,
         log_level=args.log_level,

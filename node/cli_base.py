@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from raftlog.node import cli_format as fmt
-from raftlog.node.client import Client, call_timeout_s_default, default_server, describe_failure
+from raftlog.node.client import (
+    SECRET_FILE_ENV,
+    Client,
+    call_timeout_s_default,
+    default_server,
+    describe_failure,
+)
+from raftlog.node.credentials import Credential, WeakSecret, read_secret_file
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -59,7 +68,34 @@ def common_options(*, per_command: bool) -> argparse.ArgumentParser:
         default=default(False),
         help="print one JSON document on stdout instead of text",
     )
+    group.add_argument(
+        "--secret-file",
+        dest="admin_secret_file",
+        metavar="FILE",
+        type=Path,
+        default=default(_env_path(SECRET_FILE_ENV)),
+        help="the cluster secret, for calls that change membership or placement "
+        "(default: $RAFTLOG_SECRET_FILE)",
+    )
     return options
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name, "")
+    return Path(value) if value else None
+
+
+def credential_from(args: argparse.Namespace) -> Credential | None:
+    """The credential of --secret-file, if given; UsageError when the file is unusable."""
+    path: Path | None = getattr(args, "admin_secret_file", None)
+    if path is None:
+        return None
+    try:
+        return Credential(read_secret_file(path))
+    except OSError as exc:
+        raise UsageError(f"cannot read --secret-file: {exc}") from None
+    except WeakSecret as exc:
+        raise UsageError(f"--secret-file {path}: {exc}") from None
 
 
 def leaf(commands: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
@@ -151,7 +187,8 @@ def with_client(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 
 async def _call(handler: Handler, args: argparse.Namespace) -> int:
-    async with Client(args.server, timeout_s=args.timeout or None) as client:
+    async with Client(args.server, timeout_s=args.timeout or None,
+                      credential=credential_from(args)) as client:
         try:
             return await handler(client, args)
         except grpc.RpcError as exc:

@@ -5,6 +5,7 @@ Cluster service (membership, placement, authority overrides, cluster-wide stats,
     raftlog cluster down --data DIR                              stop exactly those
     raftlog cluster status [--data DIR]                          members, leader, health (+ pids)
     raftlog cluster join ID --raft A --grpc B | leave ID         one membership change
+    raftlog cluster secret                                       print a new cluster secret
     raftlog cluster overrides | stats | watch                    cluster-wide views
     raftlog cluster rebalance --plan FILE|- | STREAM=NODE ...    move streams, one step at a time
     raftlog cluster clear-authority NAME                         drop a stream's authority override
@@ -52,6 +53,8 @@ from raftlog.node.cli_base import (
     with_client,
 )
 from raftlog.node.client import Client, default_server, describe_failure
+from raftlog.node.config import default_peer_address
+from raftlog.node.credentials import generate_secret
 from raftlog.node.errors import RaftlogError
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc
 
@@ -94,10 +97,12 @@ def _add_local_commands(cluster: Any) -> None:
         type=positive,
         default=base_port_default,
         metavar="P",
-        help="node i serves gRPC on P+2(i-1) and Raft on the port after it (default 7400)",
+        help="node i serves gRPC on P+3(i-1), Raft on the port after it and its peer "
+        "listener on the next (default 7400)",
     )
     _add_data(up, required=True)
-    up.add_argument("--secret-file", type=Path, metavar="FILE", help="cluster secret, passed on")
+    up.add_argument("--secret-file", type=Path, metavar="FILE",
+                    help="the cluster secret (default: DIR/cluster.secret, made when missing)")
     up.add_argument(
         "--no-wait", action="store_true", help="return once started, without waiting for Raft"
     )
@@ -108,6 +113,8 @@ def _add_local_commands(cluster: Any) -> None:
         metavar="DURATION",
         help="how long to wait for a leader and all members (default 60s)",
     )
+    _local_leaf(cluster, "secret", _cluster_secret,
+                "print a new cluster secret (64 random hex digits) for --secret-file")
     down = _local_leaf(cluster, "down", _cluster_down, "stop the nodes that `up` recorded")
     _add_data(down, required=True)
     down.add_argument(
@@ -167,10 +174,14 @@ def _guarded(handler: LocalHandler) -> LocalHandler:
 
 
 def _add_admin_commands(cluster: Any) -> None:
-    join = leaf(cluster, "join", _cluster_join, "add a node to the cluster (then start it)")
+    join = leaf(cluster, "join", _cluster_join,
+                "add a running node to the cluster (start it first, with --peers naming the "
+                "members and the cluster secret)")
     join.add_argument("node_id", metavar="NODE_ID")
     join.add_argument("--raft", required=True, type=typed(address), metavar="HOST:PORT")
     join.add_argument("--grpc", required=True, type=typed(address), metavar="HOST:PORT")
+    join.add_argument("--peer", type=typed(address), metavar="HOST:PORT",
+                      help="its peer listener (default: the Raft host, Raft port + 1)")
     leave = leaf(cluster, "leave", _cluster_leave, "remove a node (then stop it)")
     leave.add_argument("node_id", metavar="NODE_ID")
     leaf(cluster, "overrides", _cluster_overrides, "list authority overrides")
@@ -220,7 +231,15 @@ def _cluster_up(args: argparse.Namespace) -> int:
             f"`raftlog cluster down --data {root}`"
         )
         return EXIT_ERROR
+    secret = args.secret_file or nodes[0].spec.secret_path
+    warn(f"admin calls (join, leave, migrate, pin, rebalance) need the cluster secret: "
+         f"export RAFTLOG_SECRET_FILE={secret}")
     warn(f"stop with: raftlog cluster down --data {root}")
+    return EXIT_OK
+
+
+def _cluster_secret(args: argparse.Namespace) -> int:
+    show(generate_secret())
     return EXIT_OK
 
 
@@ -229,6 +248,7 @@ def _local_node_dict(node: localcluster.LocalNode) -> dict[str, object]:
         "node_id": node.node_id,
         "grpc_address": node.grpc_address,
         "raft_address": node.raft_address,
+        "peer_address": node.spec.peer_address,
         "pid": node.pid,
         "log": str(node.log_path),
         "data_dir": str(node.spec.data_dir),
@@ -239,9 +259,10 @@ def _up_text(
     nodes: Sequence[localcluster.LocalNode], ready: cluster_pb2.ClusterStatus | None
 ) -> str:
     table = fmt.render_table(
-        ["ID", "GRPC", "RAFT", "PID", "LOG"],
-        [(n.node_id, n.grpc_address, n.raft_address, n.pid, n.log_path) for n in nodes],
-        right_align=[3],
+        ["ID", "GRPC", "RAFT", "PEER", "PID", "LOG"],
+        [(n.node_id, n.grpc_address, n.raft_address, n.spec.peer_address, n.pid, n.log_path)
+         for n in nodes],
+        right_align=[4],
     )
     if ready is None:
         return table
@@ -383,21 +404,19 @@ def _status_text(
 
 async def _cluster_join(client: Client, args: argparse.Namespace) -> int:
     request = cluster_pb2.JoinNodeRequest(
-        node_id=args.node_id, raft_address=args.raft, grpc_address=args.grpc
+        node_id=args.node_id, raft_address=args.raft, grpc_address=args.grpc,
+        peer_address=args.peer or default_peer_address(args.raft),
     )
-    status = await _stub(client).JoinNode(request, timeout=client.deadline_s())
+    status = await _stub(client).JoinNode(request, timeout=client.deadline_s(),
+                                          metadata=client.admin("JoinNode"))
     emit(args, fmt.proto_dict(status), lambda: _status_text(status))
-    peers = ",".join(n.raft_address for n in status.nodes if n.node_id != args.node_id)
-    warn(
-        f"now start it: raftlog node --data DIR --node-id {args.node_id} --grpc {args.grpc} "
-        f"--raft {args.raft} --peers {peers}"
-    )
     return EXIT_OK
 
 
 async def _cluster_leave(client: Client, args: argparse.Namespace) -> int:
     request = cluster_pb2.LeaveNodeRequest(node_id=args.node_id)
-    status = await _stub(client).LeaveNode(request, timeout=client.deadline_s())
+    status = await _stub(client).LeaveNode(request, timeout=client.deadline_s(),
+                                           metadata=client.admin("LeaveNode"))
     emit(args, fmt.proto_dict(status), lambda: _status_text(status))
     warn(f"{args.node_id} left the cluster; stop its process now")
     return EXIT_OK
@@ -640,7 +659,8 @@ def _add_placement_commands(cluster: Any, stream: Any) -> None:
 async def _stream_migrate(client: Client, args: argparse.Namespace) -> int:
     request = cluster_pb2.MigrateStreamRequest(stream=args.name, target=args.target, pin=args.pin)
     answer = await _stub(client).MigrateStream(
-        request, timeout=client.deadline_s(extra_s=move_wait_s)
+        request, timeout=client.deadline_s(extra_s=move_wait_s),
+        metadata=client.admin("MigrateStream")
     )
     emit(args, fmt.proto_dict(answer), lambda: migrate_text(answer, pinned=args.pin))
     return EXIT_OK
@@ -669,7 +689,8 @@ async def _stream_unpin(client: Client, args: argparse.Namespace) -> int:
 
 async def _set_pinned(client: Client, args: argparse.Namespace, *, pinned: bool) -> int:
     request = cluster_pb2.SetStreamPinnedRequest(stream=args.name, pinned=pinned)
-    await _stub(client).SetStreamPinned(request, timeout=client.deadline_s())
+    await _stub(client).SetStreamPinned(request, timeout=client.deadline_s(),
+                                        metadata=client.admin("SetStreamPinned"))
     document = {"stream": args.name, "pinned": pinned}
     if pinned:
         text = f"stream {args.name} pinned to its authority override's node"
@@ -681,7 +702,8 @@ async def _set_pinned(client: Client, args: argparse.Namespace, *, pinned: bool)
 
 async def _cluster_clear_authority(client: Client, args: argparse.Namespace) -> int:
     request = cluster_pb2.ClearStreamAuthorityRequest(stream=args.name)
-    answer = await _stub(client).ClearStreamAuthority(request, timeout=client.deadline_s())
+    answer = await _stub(client).ClearStreamAuthority(
+        request, timeout=client.deadline_s(), metadata=client.admin("ClearStreamAuthority"))
     document = {"stream": args.name, **fmt.proto_dict(answer)}
     if answer.cleared:
         text = f"cleared the authority override of stream {args.name}"
@@ -777,7 +799,8 @@ async def _cluster_rebalance(client: Client, args: argparse.Namespace) -> int:
     steps: list[cluster_pb2.RebalanceStep] = args.steps
     request = cluster_pb2.RebalanceStreamsRequest(steps=steps, stop_on_error=args.stop_on_error)
     deadline = client.deadline_s(extra_s=move_wait_s * len(steps))
-    answer = await _stub(client).RebalanceStreams(request, timeout=deadline)
+    answer = await _stub(client).RebalanceStreams(request, timeout=deadline,
+                                                  metadata=client.admin("RebalanceStreams"))
     emit(args, fmt.proto_dict(answer), lambda: rebalance_text(answer))
     if answer.failed:
         not_run = sum(1 for o in answer.outcomes if not o.ran)

@@ -19,10 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raftlog.node import limits
 from raftlog.node.cli_format import error_text
+from raftlog.node.credentials import ADMIN_TOKEN_HEADER, Credential
 from raftlog.node.rpc import from_rpc_error
-from raftlog.v1 import consumers_pb2_grpc, streams_pb2_grpc
+from raftlog.v1 import cluster_pb2, consumers_pb2_grpc, streams_pb2_grpc
 
 SERVER_ENV = "RAFTLOG_SERVER"
+SECRET_FILE_ENV = "RAFTLOG_SECRET_FILE"
+CLUSTER_SERVICE = cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name
 server_default = "127.0.0.1:7400"
 call_timeout_s_default = 10.0
 health_poll_period_s = 0.1
@@ -42,15 +45,25 @@ def default_server() -> str:
 class Client:
     """`async with Client("127.0.0.1:7400", timeout_s=10) as client: await client.streams...`"""
 
-    def __init__(self, address: str, *, timeout_s: float | None = call_timeout_s_default) -> None:
+    def __init__(self, address: str, *, timeout_s: float | None = call_timeout_s_default,
+                 credential: Credential | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.credential = credential
         self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         # Generated *_pb2_grpc modules have no .pyi and set their methods in __init__: to mypy
         # the stubs are Any (the request and response messages are typed).
         self.streams: Any = streams_pb2_grpc.StreamsStub(self.channel)  # type: ignore[no-untyped-call]
         self.consumers: Any = consumers_pb2_grpc.ConsumersStub(self.channel)  # type: ignore[no-untyped-call]
         self.health: Any = health_pb2_grpc.HealthStub(self.channel)
+
+    def admin(self, method: str) -> tuple[tuple[str, str], ...]:
+        """Metadata for an admin call of the Cluster service (e.g. "JoinNode"): the cluster
+        credential's token, or nothing when this client has none (the node then refuses)."""
+        if self.credential is None:
+            return ()
+        path = f"/{CLUSTER_SERVICE}/{method}"
+        return ((ADMIN_TOKEN_HEADER, self.credential.token(principal="admin", method=path)),)
 
     def deadline_s(self, *, extra_s: float = 0.0) -> float | None:
         """The timeout for one call, lengthened by `extra_s` for calls that wait on purpose."""

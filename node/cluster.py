@@ -22,13 +22,14 @@ from raftlog.node.config import NodeConfig
 from raftlog.node.consumer_raft import RaftConsumerStore
 from raftlog.node.consumers import ConsumerManager
 from raftlog.node.errors import RaftlogError, Reason
+from raftlog.node.liveness import LivenessMonitor
 from raftlog.node.replication import ReplicationManager
 from raftlog.node.ring import Ring
 from raftlog.node.stream import ROLE_PRIMARY, Stream
 from raftlog.node.streams import StreamEngine
 from raftlog.raft.api import Applied, LeaderChange, MetaGroup, ensure_ok
 from raftlog.raft.state import MetaState, StreamAssignment
-from raftlog.v1 import cluster_pb2, raft_pb2, types_pb2
+from raftlog.v1 import cluster_pb2, raft_pb2, replication_pb2, types_pb2
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,16 @@ reconcile_queue_max = 100_000  # streams waiting to be reconciled
 watch_queue_max = 10_000  # events buffered per watcher; a slower watcher is dropped
 retry_after_ms = 250  # hint sent with NO_LEADER
 ready_poll_s = 0.05  # while waiting for the metadata to catch up after a start
+catch_up_attempt_s = 2.0  # one attempt to commit the start-up Barrier
+trouble_scan_period_s = 0.25  # how often the local copies are checked against the metadata
+trouble_grace_s = 0.5  # a trouble is reported once it has lasted this long
 
 _WATCH_TYPES = {
     "stream_create": cluster_pb2.WATCH_EVENT_TYPE_STREAM_CREATED,
     "stream_update": cluster_pb2.WATCH_EVENT_TYPE_STREAM_UPDATED,
     "stream_delete": cluster_pb2.WATCH_EVENT_TYPE_STREAM_DELETED,
     "stream_promote": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
+    "stream_promotes": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
     "authority_set_override": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
     "authority_clear_override": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
     "authority_set_pinned": cluster_pb2.WATCH_EVENT_TYPE_AUTHORITY_CHANGED,
@@ -53,6 +58,26 @@ _WATCH_TYPES = {
     "member_leave": cluster_pb2.WATCH_EVENT_TYPE_MEMBER_CHANGED,
     "member_set_status": cluster_pb2.WATCH_EVENT_TYPE_MEMBER_CHANGED,
 }
+
+
+def _trouble(local: Stream, assignment: StreamAssignment, node_id: str) -> str:
+    """Why this node's copy does not fit the committed assignment ('' when it does)."""
+    fenced = local.record.fenced_epoch
+    if fenced > assignment.fence_epoch:
+        return (f"{node_id}'s copy is fenced at epoch {fenced}; the metadata is at "
+                f"{assignment.fence_epoch}")
+    if assignment.primary == node_id and (local.role != ROLE_PRIMARY
+                                          or local.deposed is not None):
+        return f"{node_id} is named primary at epoch {assignment.fence_epoch} but does not serve"
+    return ""
+
+
+def command_streams(command: raft_pb2.RaftCommand) -> list[str]:
+    """The streams a command is about (none for member commands)."""
+    if command.WhichOneof("command") == "stream_promotes":
+        return [p.stream for p in command.stream_promotes.promotes]
+    name = command_stream(command)
+    return [name] if name else []
 
 
 def command_stream(command: raft_pb2.RaftCommand) -> str:
@@ -89,7 +114,12 @@ class ClusterNode:
         self._tasks: list[asyncio.Task[None]] = []
         self.watchers: set[asyncio.Queue[cluster_pb2.WatchEvent | None]] = set()
         self.registered = asyncio.Event()
+        self.liveness: LivenessMonitor | None = None  # set by the node (server.py)
+        self.troubles: dict[str, replication_pb2.StreamTrouble] = {}
+        self._trouble_seen: dict[str, float] = {}
+        self._troubles_logged: set[str] = set()
         self._caught_up = False  # see caught_up()
+        self._caught_up_event = asyncio.Event()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -97,8 +127,10 @@ class ClusterNode:
         loop = asyncio.get_running_loop()
         self.group.attach_loop(loop)
         self.queue_all()
-        self._tasks = [loop.create_task(self._reconcile_forever(), name="reconcile"),
-                       loop.create_task(self._register(), name="register")]
+        self._tasks = [loop.create_task(self.catch_up(), name="catch-up"),
+                       loop.create_task(self._reconcile_forever(), name="reconcile"),
+                       loop.create_task(self._register(), name="register"),
+                       loop.create_task(self._scan_troubles_forever(), name="troubles")]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -135,6 +167,70 @@ class ClusterNode:
     def member_addresses(self) -> dict[str, str]:
         with self.group.read_state() as state:
             return {m.node_id: m.grpc_address for m in state.members.values()}
+
+    def member_ids(self) -> list[str]:
+        return list(self.state.members)
+
+    def member_peer_address(self, node_id: str) -> str:
+        """A member's peer listener; NODE_NOT_FOUND when it is not a member or registered
+        none."""
+        member = self.state.members.get(node_id)
+        if member is None or not member.peer_address:
+            raise RaftlogError(Reason.NODE_NOT_FOUND, f"no member {node_id!r} with a peer "
+                               "address", node=node_id)
+        return member.peer_address
+
+    def health_report(self) -> replication_pb2.PingReply:
+        """What this node tells a pinging member about itself (see PingReply)."""
+        reply = replication_pb2.PingReply(node_id=self.node_id,
+                                          raft_applied_index=self.state.applied_index,
+                                          raft_ready=self.group.is_ready(),
+                                          troubles=self.troubles.values())
+        if self.liveness is not None:
+            reply.silent_ms.update(self.liveness.silences_ms())
+        return reply
+
+    # ----------------------------------------------------------------- troubles
+
+    def scan_troubles(self) -> None:
+        """Finds the streams this node cannot serve as the metadata says it should, or whose
+        copy here holds a fence no committed epoch explains (a failover that fenced and never
+        promoted). One seen in two scans in a row is reported (`troubles`, in every Ping
+        reply) until the metadata moves on: the Raft leader repairs it (node/failover.py)."""
+        now = self.clock.monotonic_s()
+        found: dict[str, replication_pb2.StreamTrouble] = {}
+        with self.group.read_state() as state:
+            for name, local in list(self.engine.streams.items()):
+                assignment = state.streams.get(name)
+                if assignment is None or self.node_id not in assignment.replicas:
+                    continue
+                why = _trouble(local, assignment, self.node_id)
+                if why:
+                    found[name] = replication_pb2.StreamTrouble(
+                        stream=name, assignment_epoch=assignment.fence_epoch,
+                        fenced_epoch=local.record.fenced_epoch, why=why)
+            for name in state.streams_led_by(self.node_id):
+                if name not in self.engine.streams:
+                    found[name] = replication_pb2.StreamTrouble(
+                        stream=name, assignment_epoch=state.streams[name].fence_epoch,
+                        why=f"{self.node_id} is named primary but holds no copy")
+        seen = self._trouble_seen
+        self._trouble_seen = {name: seen.get(name, now) for name in found}
+        self.troubles = {name: trouble for name, trouble in found.items()
+                         if now - self._trouble_seen[name] >= trouble_grace_s}
+        if self.troubles and set(self.troubles) != self._troubles_logged:
+            log.warning("%d streams need repair (e.g. %s: %s)", len(self.troubles),
+                        *next(iter((n, t.why) for n, t in self.troubles.items())))
+        self._troubles_logged = set(self.troubles)
+
+    async def _scan_troubles_forever(self) -> None:
+        await self._wait_caught_up()
+        while True:
+            await asyncio.sleep(trouble_scan_period_s)
+            try:
+                self.scan_troubles()
+            except Exception:
+                log.exception("scanning for stream troubles failed")
 
     def leader_node_id(self) -> str:
         address = self.group.leader_address()
@@ -182,25 +278,24 @@ class ClusterNode:
         return self.member_address(primary)
 
     def caught_up(self) -> bool:
-        """The metadata caught up with the leader once since start (then for good): before,
+        """The metadata caught up with the cluster once since start (then for good): before,
         a stream or consumer missing here may be a command not yet applied."""
-        if not self._caught_up:
-            self._caught_up = self.group.status().ready
         return self._caught_up
 
     # ----------------------------------------------------------------- registration
 
     async def _register(self) -> None:
         me = raft_pb2.MemberJoin(node_id=self.node_id, raft_address=self.config.raft_address,
-                                 grpc_address=self.config.grpc_address)
+                                 grpc_address=self.config.grpc_address,
+                                 peer_address=self.config.peer_address)
         while True:
             member = self.state.members.get(self.node_id)
             if member is not None:
-                if (member.raft_address, member.grpc_address) != (me.raft_address,
-                                                                   me.grpc_address):
-                    log.error("member %s is registered with %s / %s, not %s / %s",
-                              self.node_id, member.raft_address, member.grpc_address,
-                              me.raft_address, me.grpc_address)
+                registered = (member.raft_address, member.grpc_address, member.peer_address)
+                if registered != (me.raft_address, me.grpc_address, me.peer_address):
+                    log.error("member %s is registered with raft %s, grpc %s, peer %s; this "
+                              "node runs with raft %s, grpc %s, peer %s", self.node_id,
+                              *registered, me.raft_address, me.grpc_address, me.peer_address)
                 self.registered.set()
                 return
             try:
@@ -216,11 +311,12 @@ class ClusterNode:
         if event.snapshot_installed or event.command is None:
             self.queue_all()
             return
-        stream = command_stream(event.command)
-        if stream:
+        streams = command_streams(event.command)
+        for stream in streams:
             self.queue(stream)
         if event.result is not None and event.result.ok:
-            self._emit(event, stream)
+            for stream in streams or [""]:
+                self._emit(event, stream)
 
     def on_leader_change(self, event: LeaderChange) -> None:
         log.info("raft leader: %s (term %d, this node leads: %s)", event.leader, event.term,
@@ -264,15 +360,31 @@ class ClusterNode:
         for name in {*names, *self.engine.streams}:
             self.queue(name)
 
+    async def catch_up(self) -> None:
+        """Commits a Barrier after start and waits until it is applied here: every command
+        committed before it is applied here too. Until then a stream missing from the state
+        may only be a command not yet replayed (pysyncobj's own "ready" can come before the
+        replay, from a stale commit index), so nothing is reconciled or denied."""
+        started = self.clock.monotonic_s()
+        while True:
+            try:
+                await self.group.propose(raft_pb2.RaftCommand(barrier=raft_pb2.Barrier()),
+                                         timeout_s=catch_up_attempt_s)
+                break
+            except RaftlogError as err:
+                log.debug("catching up with the metadata: %s", err)
+                await asyncio.sleep(ready_poll_s)
+        self._caught_up = True
+        self._caught_up_event.set()
+        log.info("metadata caught up in %.2f s (applied index %d)",
+                 self.clock.monotonic_s() - started, self.state.applied_index)
+
     async def _wait_caught_up(self) -> None:
-        """Until this node has applied what the leader had committed when it started: before
-        that, a stream missing from the state may only be a command not yet replayed."""
-        while not self.group.status().ready:
-            await asyncio.sleep(ready_poll_s)
-        log.info("metadata caught up; reconciling %d streams", self._reconcile.qsize())
+        await self._caught_up_event.wait()
 
     async def _reconcile_forever(self) -> None:
         await self._wait_caught_up()
+        log.info("reconciling %d streams", self._reconcile.qsize())
         while True:
             name = await self._reconcile.get()
             if name is None:
@@ -349,7 +461,7 @@ class ClusterNode:
         """The local copy of a stream this node is a replica of, created when missing."""
         assignment = self.state.streams.get(name)
         if assignment is None or self.node_id not in assignment.replicas or \
-                not self.group.status().ready:
+                not self.caught_up():
             raise RaftlogError(Reason.STREAM_NOT_FOUND,
                                f"this node holds no copy of {name!r} (yet)", stream=name)
         await self.reconcile(name)

@@ -4,6 +4,7 @@ overrides, cluster-wide stream stats and the watch stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,14 +14,24 @@ import grpc
 from raftlog.node import rpc, subjects
 from raftlog.node.cluster import ClusterNode
 from raftlog.node.cluster_services import list_node
+from raftlog.node.credentials import ADMIN_TOKEN_HEADER, Credential
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.node.forwarding import ChannelPool, outgoing_metadata, relay_error, remaining_s
+from raftlog.node.peer import PeerClient
 from raftlog.node.placement import Placement
+from raftlog.raft.addresses import split_address
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, raft_pb2
 
 Context = grpc.aio.ServicerContext[Any, Any]
 fanout_timeout_s = 5.0
 membership_timeout_s = 10.0
+join_probe_timeout_s = 2.0  # a joining node must answer its challenge within this
+join_catch_up_s = 30.0  # ...and apply the metadata up to its own registration within this
+join_poll_s = 0.1
+_SERVICE_PREFIX = "/" + cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name + "/"
+# The calls that change membership or placement: they need the cluster credential.
+ADMIN_METHODS = frozenset({"JoinNode", "LeaveNode", "MigrateStream", "RebalanceStreams",
+                           "ClearStreamAuthority", "SetStreamPinned"})
 rebalance_steps_max = 1_000
 
 _HEALTH = {
@@ -36,11 +47,35 @@ def skew(values: list[int]) -> float:
     return max(values) / mean if mean else 0.0
 
 
+def admin_metadata(credential: Credential, method: str) -> tuple[tuple[str, str], ...]:
+    """Call metadata that authorizes one admin call of `method` (e.g. "JoinNode")."""
+    path = f"{_SERVICE_PREFIX}{method}"
+    return ((ADMIN_TOKEN_HEADER, credential.token(principal="admin", method=path)),)
+
+
 class ClusterService(cluster_pb2_grpc.ClusterServicer):
-    def __init__(self, cluster: ClusterNode, pool: ChannelPool, placement: Placement) -> None:
+    """Calls that change membership or placement need the cluster credential (an admin
+    token in metadata, `admin_metadata`); the others are open to every client."""
+
+    def __init__(self, cluster: ClusterNode, pool: ChannelPool, placement: Placement,
+                 credential: Credential, peers: PeerClient) -> None:
         self._cluster = cluster
         self._pool = pool
         self._placement = placement
+        self._credential = credential
+        self._peers = peers
+
+    def _require_admin(self, context: Context, method: str) -> None:
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == ADMIN_TOKEN_HEADER:
+                token = value if isinstance(value, str) else bytes(value).decode("replace")
+        try:
+            self._credential.verify(token, method=f"{_SERVICE_PREFIX}{method}")
+        except RaftlogError as err:
+            raise RaftlogError(Reason.UNAUTHENTICATED, f"{method} changes the cluster: "
+                               f"{err.message} (give the CLI --secret-file FILE or set "
+                               "RAFTLOG_SECRET_FILE)", method=method) from None
 
     def _status(self) -> cluster_pb2.ClusterStatus:
         group = self._cluster.group.status()
@@ -52,7 +87,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
                 held = [s for s in state.streams.values() if member.node_id in s.replicas]
                 nodes.append(cluster_pb2.NodeStatus(
                     node_id=member.node_id, raft_address=member.raft_address,
-                    grpc_address=member.grpc_address,
+                    grpc_address=member.grpc_address, peer_address=member.peer_address,
                     health=_HEALTH.get(member.status, cluster_pb2.NODE_HEALTH_UNKNOWN),
                     raft_leader=member.node_id == leader and bool(leader),
                     connected=(member.node_id == self._cluster.node_id
@@ -90,10 +125,20 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
     @rpc.unary
     async def JoinNode(self, request: cluster_pb2.JoinNodeRequest,
                        context: Context) -> cluster_pb2.ClusterStatus:
+        """A learner step before the node counts: it must answer on its peer listener as
+        `node_id` with the cluster credential before it joins the Raft group, and the call
+        returns once it applied the metadata up to its own registration (or takes it out
+        again and fails when it does not catch up in time)."""
+        self._require_admin(context, "JoinNode")
         subjects.validate_name(request.node_id, what="node")
-        if not request.raft_address or not request.grpc_address:
-            raise RaftlogError(Reason.INVALID_ARGUMENT, "raft_address and grpc_address are "
-                               "required")
+        for what, value in (("raft_address", request.raft_address),
+                            ("grpc_address", request.grpc_address),
+                            ("peer_address", request.peer_address)):
+            try:
+                split_address(value)
+            except RaftlogError:
+                raise RaftlogError(Reason.INVALID_ARGUMENT, f"{what} must be host:port, not "
+                                   f"{value!r}", field=what) from None
         forwarded = await self._on_leader("JoinNode", request, context)
         if forwarded is not None:
             return forwarded  # type: ignore[no-any-return]
@@ -101,19 +146,46 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
         if request.node_id in state.members:
             raise RaftlogError(Reason.NODE_EXISTS, f"node {request.node_id!r} is a member",
                                node=request.node_id)
-        if any(m.raft_address == request.raft_address or m.grpc_address == request.grpc_address
+        addresses = {request.raft_address, request.grpc_address, request.peer_address}
+        if any(addresses & {m.raft_address, m.grpc_address, m.peer_address}
                for m in state.members.values()):
             raise RaftlogError(Reason.NODE_EXISTS, "a member already uses that address")
+        await self._peers.challenge(request.peer_address, node_id=request.node_id,
+                                    timeout_s=join_probe_timeout_s)
         await self._cluster.group.add_member(request.raft_address,
                                              timeout_s=membership_timeout_s)
-        await self._cluster.propose(raft_pb2.RaftCommand(member_join=raft_pb2.MemberJoin(
-            node_id=request.node_id, raft_address=request.raft_address,
-            grpc_address=request.grpc_address)))
+        result = await self._cluster.propose(raft_pb2.RaftCommand(
+            member_join=raft_pb2.MemberJoin(
+                node_id=request.node_id, raft_address=request.raft_address,
+                grpc_address=request.grpc_address, peer_address=request.peer_address)))
+        await self._wait_joined(request, index=result.index)
         return self._status()
+
+    async def _wait_joined(self, request: cluster_pb2.JoinNodeRequest, *, index: int) -> None:
+        """Until the new member applied `index`; else removes it again and fails."""
+        deadline = asyncio.get_running_loop().time() + join_catch_up_s
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(RaftlogError):
+                reply = await self._peers.challenge(request.peer_address,
+                                                    node_id=request.node_id,
+                                                    timeout_s=join_probe_timeout_s)
+                if reply.raft_applied_index >= index:
+                    return
+            await asyncio.sleep(join_poll_s)
+        with contextlib.suppress(RaftlogError):
+            await self._cluster.propose(raft_pb2.RaftCommand(
+                member_leave=raft_pb2.MemberLeave(node_id=request.node_id)))
+        with contextlib.suppress(RaftlogError):
+            await self._cluster.group.remove_member(request.raft_address,
+                                                    timeout_s=membership_timeout_s)
+        raise RaftlogError(Reason.NODE_UNREACHABLE, f"{request.node_id!r} did not catch up "
+                           f"with the metadata within {join_catch_up_s} s; it was removed "
+                           "again", node=request.node_id)
 
     @rpc.unary
     async def LeaveNode(self, request: cluster_pb2.LeaveNodeRequest,
                         context: Context) -> cluster_pb2.ClusterStatus:
+        self._require_admin(context, "LeaveNode")
         subjects.validate_name(request.node_id, what="node")
         forwarded = await self._on_leader("LeaveNode", request, context)
         if forwarded is not None:
@@ -123,9 +195,14 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
             raise RaftlogError(Reason.NODE_NOT_FOUND, f"no member {request.node_id!r}",
                                node=request.node_id)
         if request.node_id == self._cluster.node_id:
-            raise RaftlogError(Reason.MEMBERSHIP_CHANGE_IN_PROGRESS,
-                               "the Raft leader cannot remove itself; ask another node after "
-                               "it steps down", node=request.node_id)
+            # The leader cannot take itself out of the Raft group: it hands leadership over
+            # and the new leader drains and removes it.
+            await self._cluster.group.transfer_leadership(timeout_s=membership_timeout_s)
+            forwarded = await self._on_leader("LeaveNode", request, context)
+            if forwarded is None:
+                raise RaftlogError(Reason.MEMBERSHIP_CHANGE_IN_PROGRESS, "Raft leadership "
+                                   "came back to the leaving node; retry", node=request.node_id)
+            return forwarded  # type: ignore[no-any-return]
         await self._placement.drain(request.node_id)
         await self._cluster.propose(raft_pb2.RaftCommand(
             member_leave=raft_pb2.MemberLeave(node_id=request.node_id)))
@@ -184,6 +261,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
     @rpc.unary
     async def ClearStreamAuthority(self, request: cluster_pb2.ClearStreamAuthorityRequest,
                                    context: Context) -> cluster_pb2.ClearStreamAuthorityResponse:
+        self._require_admin(context, "ClearStreamAuthority")
         subjects.validate_name(request.stream, what="stream")
         result = await self._cluster.propose(raft_pb2.RaftCommand(
             authority_clear_override=raft_pb2.AuthorityClearOverride(stream=request.stream)),
@@ -193,6 +271,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
     @rpc.unary
     async def SetStreamPinned(self, request: cluster_pb2.SetStreamPinnedRequest,
                               context: Context) -> cluster_pb2.SetStreamPinnedResponse:
+        self._require_admin(context, "SetStreamPinned")
         subjects.validate_name(request.stream, what="stream")
         await self._cluster.propose(raft_pb2.RaftCommand(
             authority_set_pinned=raft_pb2.AuthoritySetPinned(stream=request.stream,
@@ -227,6 +306,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
     @rpc.unary
     async def MigrateStream(self, request: cluster_pb2.MigrateStreamRequest,
                             context: Context) -> cluster_pb2.MigrateStreamResponse:
+        self._require_admin(context, "MigrateStream")
         subjects.validate_name(request.stream, what="stream")
         subjects.validate_name(request.target, what="node")
         forwarded = await self._on_leader("MigrateStream", request, context)
@@ -237,6 +317,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
     @rpc.unary
     async def RebalanceStreams(self, request: cluster_pb2.RebalanceStreamsRequest,
                                context: Context) -> cluster_pb2.RebalanceStreamsResponse:
+        self._require_admin(context, "RebalanceStreams")
         if not request.steps:
             raise RaftlogError(Reason.INVALID_ARGUMENT, "a rebalance plan needs steps")
         if len(request.steps) > rebalance_steps_max:

@@ -108,9 +108,12 @@ class ClusterStreamsService(StreamsService):
                                stream=request.name)
         config = apply_update(assignment.config, request)
         self._engine.consumers.check_stream_subjects(request.name, list(config.subjects))
+        # Reconcile may apply the committed config (and prune) before this call does.
+        pruned_before = self._engine.pruned_by_config(request.name)
         await self._cluster.propose(raft_pb2.RaftCommand(stream_update=raft_pb2.StreamUpdate(
             name=request.name, config=config)), timeout_s=context.time_remaining())
-        pruned = await self._engine.apply_config(request.name, config)
+        await self._engine.apply_config(request.name, config)
+        pruned = self._engine.pruned_by_config(request.name) - pruned_before
         return streams_pb2.UpdateStreamResponse(info=self._engine.info(request.name),
                                                 pruned=pruned)
 

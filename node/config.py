@@ -15,9 +15,11 @@ class NodeConfig:
     node_id: str = ""
     # host:port of this node's Raft endpoint; empty = single-node mode without Raft.
     raft_address: str = ""
+    # host:port of the peer listener (node-to-node services); cluster mode only.
+    peer_address: str = ""
     # Raft addresses of the other members at bootstrap.
     peers: tuple[str, ...] = field(default_factory=tuple)
-    # Required whenever Raft listens beyond loopback.
+    # The cluster credential; required in cluster mode (node/credentials.py).
     cluster_secret: str = ""
     log_level: str = "INFO"
     # A replica on a member silent for longer than this is re-created on another member.
@@ -26,3 +28,9 @@ class NodeConfig:
     @property
     def name(self) -> str:
         return self.node_id or self.grpc_address
+
+
+def default_peer_address(raft_address: str) -> str:
+    """The peer listener a node uses when none is given: the Raft host, the Raft port + 1."""
+    host, _, port = raft_address.rpartition(":")
+    return f"{host}:{int(port) + 1}"

@@ -82,6 +82,8 @@ class Reason(enum.Enum):
     # UNAVAILABLE: this node has not caught up with the cluster's metadata (or a new primary
     # with the stream's commit seq) and cannot yet say; retry, after retry_after_ms if given.
     CATCHING_UP = "UNAVAILABLE"
+    # Appended (names and values are part of the API).
+    NODE_UNREACHABLE = "FAILED_PRECONDITION"  # a joining node did not answer as a member
     # Appended for bad input and resource bounds:
     MALFORMED_REQUEST = "INVALID_ARGUMENT"  # request bytes that do not parse as the method's type
     TOO_MANY_SUBSCRIPTIONS = "RESOURCE_EXHAUSTED"  # limits.subscriptions_max calls are open

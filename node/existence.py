@@ -59,8 +59,7 @@ class ExistenceCheck:
             return error
         if error.reason is Reason.STREAM_NOT_FOUND:
             consumer = ""
-        status = self._cluster.group.status()
-        if not status.ready or status.leader is None:
+        if not self._cluster.caught_up() or self._cluster.group.leader_address() is None:
             return catching_up(stream, "this node has not caught up with the cluster's "
                                "metadata and cannot tell whether "
                                f"{_what(stream, consumer)} exists")

@@ -26,6 +26,10 @@ channels_max = 64  # pooled channels to other nodes; the least recently used is 
 reconnect_backoff_ms = 100
 reconnect_backoff_ms_max = 1000
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+# Channels for relayed server streams (Subscribe): without the BDP probe a stream's receive window
+# stays at gRPC's 64 KiB, so a relay whose client does not read holds at most that much of the
+# primary's answer, not the megabytes a grown window lets in.
+STREAM_RELAY_OPTIONS: list[tuple[str, Any]] = [("grpc.http2.bdp_probe", 0)]
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -78,21 +82,23 @@ class Router(Protocol):
 class ChannelPool:
     """Long-lived channels to other nodes, at most channels_max of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, options: list[tuple[str, Any]] | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._options = [
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            # A node that restarts is reachable again within a second, not after grpc's
+            # default backoff of up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", reconnect_backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
+            *(options or ()),
+        ]
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.pop(address, None)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=[
-                ("grpc.max_receive_message_length", -1),
-                ("grpc.max_send_message_length", -1),
-                # A node that restarts is reachable again within a second, not after grpc's
-                # default backoff of up to two minutes.
-                ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_ms),
-                ("grpc.min_reconnect_backoff_ms", reconnect_backoff_ms),
-                ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
-            ])
+            channel = grpc.aio.insecure_channel(address, options=self._options)
             if len(self._channels) >= channels_max:
                 oldest = next(iter(self._channels))
                 self._channels.pop(oldest)
@@ -153,9 +159,13 @@ async def relay_error(context: Context, err: grpc.aio.AioRpcError, address: str)
 
 
 class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, router: Router, pool: ChannelPool) -> None:
+    def __init__(self, router: Router, pool: ChannelPool, *,
+                 stream_pool: ChannelPool | None = None) -> None:
+        """`stream_pool` (default `pool`) carries relayed server streams; see
+        STREAM_RELAY_OPTIONS."""
         self._router = router
         self._pool = pool
+        self._stream_pool = stream_pool or pool
 
     async def intercept_service(
         self,
@@ -218,7 +228,7 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 async for item in local(request, context):
                     yield item
                 return
-            call: Any = self._pool.get(address).unary_stream(
+            call: Any = self._stream_pool.get(address).unary_stream(
                 method, request_serializer=_serialize, response_deserializer=None)
             try:
                 async for item in call(request, timeout=context.time_remaining(),

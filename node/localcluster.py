@@ -5,9 +5,11 @@ This module owns the layout of that directory (node i, 1-based):
 
     DIR/n{i}/      the node's data          DIR/n{i}.log   its stdout and stderr (appended)
     DIR/n{i}.pid   line 1: the pid; line 2: the exact command line, as a JSON list
+    DIR/cluster.secret   the cluster secret (mode 0600), made by `up` unless one is given
 
-and the ports: node i serves gRPC on `base_port + 2*(i-1)` and Raft on the port after it, both on
-127.0.0.1; `--peers` names the other nodes' Raft addresses.
+and the ports: node i serves gRPC on `base_port + 3*(i-1)`, Raft on the port after it and its
+peer listener on the one after that, all on 127.0.0.1; `--peers` names the other nodes' Raft
+addresses.
 
 Safety rules, in the order they are applied:
 - `up` checks every port and every pid file before starting any process, and refuses when a
@@ -40,11 +42,17 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from raftlog.node.credentials import (
+    SECRET_FILE_NAME,
+    WeakSecret,
+    ensure_secret_file,
+    read_secret_file,
+)
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc
 
 host = "127.0.0.1"
 nodes_max = 32
-ports_per_node = 2  # gRPC, then Raft
+ports_per_node = 3  # gRPC, Raft, peer listener
 ready_timeout_s_default = 60.0
 stop_timeout_s_default = 15.0  # SIGTERM -> SIGKILL; the node drains for up to 5 s
 kill_wait_s = 5.0  # after SIGKILL
@@ -114,6 +122,18 @@ class NodeSpec:
         return self.grpc_port + 1
 
     @property
+    def peer_port(self) -> int:
+        return self.grpc_port + 2
+
+    @property
+    def peer_address(self) -> str:
+        return f"{host}:{self.peer_port}"
+
+    @property
+    def secret_path(self) -> Path:
+        return self.root / SECRET_FILE_NAME
+
+    @property
     def grpc_address(self) -> str:
         return f"{host}:{self.grpc_port}"
 
@@ -155,14 +175,29 @@ def plan(*, nodes: int, base_port: int, data_dir: Path) -> list[NodeSpec]:
 
 
 def node_command(spec: NodeSpec, *, secret_file: Path | None, python: str) -> list[str]:
+    """`secret_file` None: the cluster directory's own (see `ensure_secret`)."""
     command = [python, "-m", "raftlog.node.cli", "node", "--data", str(spec.data_dir)]
     command += ["--grpc", spec.grpc_address, "--raft", spec.raft_address]
-    command += ["--node-id", spec.node_id]
+    command += ["--peer", spec.peer_address, "--node-id", spec.node_id]
     if spec.peers:
         command += ["--peers", ",".join(spec.peers)]
-    if secret_file is not None:
-        command += ["--secret-file", str(secret_file.resolve())]
+    command += ["--secret-file", str((secret_file or spec.secret_path).resolve())]
     return command
+
+
+def ensure_secret(root: Path, secret_file: Path | None) -> Path:
+    """The secret file the cluster's nodes use: `secret_file` when given (checked), else
+    DIR/cluster.secret, created with a new secret (mode 0600) the first time."""
+    path = secret_file or root / SECRET_FILE_NAME
+    try:
+        if secret_file is not None:
+            read_secret_file(path)
+        else:
+            ensure_secret_file(path)
+    except (OSError, WeakSecret) as exc:
+        raise LocalClusterError(Refusal.INVALID_ARGUMENT, f"cluster secret {path}: {exc}"
+                                ) from None
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +407,7 @@ def check_can_start(specs: Iterable[NodeSpec]) -> None:
                         f"({spec.pid_path}); stop it with `raftlog cluster down --data "
                         f"{spec.root}`",
                     )
-        for port in (spec.grpc_port, spec.raft_port):
+        for port in (spec.grpc_port, spec.raft_port, spec.peer_port):
             if port_in_use(port):
                 raise LocalClusterError(
                     Refusal.PORT_IN_USE,
@@ -385,6 +420,7 @@ def start_node(spec: NodeSpec, *, secret_file: Path | None, python: str) -> Loca
     and records it in its pid file. Does not wait for it to serve."""
     check_can_start([spec])
     spec.data_dir.mkdir(parents=True, exist_ok=True)
+    secret_file = ensure_secret(spec.root, secret_file)
     command = node_command(spec, secret_file=secret_file, python=python)
     with spec.log_path.open("ab") as log:
         process = subprocess.Popen(

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from raftlog.node import rpc
+from raftlog.node.credentials import Credential
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.node.storage import GroupCommitter
 from raftlog.node.stream import ROLE_PRIMARY, Stream
@@ -29,18 +29,25 @@ log = logging.getLogger(__name__)
 read_local_limit_max = 10_000
 group_requests_max = 64  # batches of one call that share an fsync
 requests_waiting_max = 256  # batches read ahead of the one being applied
+survey_streams_max = 10_000  # streams one Survey call names
+nonce_bytes_max = 64  # of a Ping's challenge
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class ReplicationService(replication_pb2_grpc.ReplicationServicer):
     def __init__(self, *, node_id: str, engine: StreamEngine, committer: GroupCommitter,
-                 ensure_replica: Callable[[str], Any]) -> None:
+                 ensure_replica: Callable[[str], Any],
+                 health: Callable[[], replication_pb2.PingReply] | None = None,
+                 credential: Credential | None = None) -> None:
         """`ensure_replica(stream)` creates the local copy of a stream this node is a replica
-        of (per the committed assignment) and returns it, or raises RaftlogError."""
+        of (per the committed assignment) and returns it, or raises RaftlogError. `health()`
+        is what a Ping is answered with; `credential` answers a Ping's challenge."""
         self._node_id = node_id
         self._engine = engine
         self._committer = committer
         self._ensure_replica = ensure_replica
+        self._health = health or (lambda: replication_pb2.PingReply(node_id=node_id))
+        self._credential = credential
         self.refusals = 0
 
     async def Replicate(self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest],
@@ -98,13 +105,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         stream: Stream | None = None
         try:
             stream = await self._local(request.stream)
-            self._check_checksum(request)
-            last_seq = stream.accept_replicated(
-                epoch=request.epoch,
-                history=[(e.fence_epoch, e.start_seq) for e in request.history],
-                first_seq=request.first_seq, values=list(request.messages),
-                removed=[(r.first, r.last) for r in request.removed],
-                reseed=request.reseed, head_seq=request.head_seq)
+            last_seq = stream.accept_replicated(request)
             ack.last_seq = last_seq
             ack.replica_epoch = stream.record.epoch
             return ack, stream, bool(request.messages or request.removed or request.reseed)
@@ -127,12 +128,6 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         assert stream is not None
         return stream
 
-    @staticmethod
-    def _check_checksum(request: replication_pb2.ReplicateRequest) -> None:
-        if request.messages and zlib.crc32(b"".join(request.messages)) != request.checksum:
-            raise RaftlogError(Reason.CORRUPT_RECORD, "the batch does not match its checksum",
-                               first_seq=request.first_seq)
-
     def _state(self, name: str) -> replication_pb2.ReplicaState:
         stream = self._engine.streams.get(name)
         if stream is None:
@@ -140,23 +135,58 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         epoch, first_seq, last_seq, commit_seq = stream.replica_state()
         return replication_pb2.ReplicaState(
             stream=name, node_id=self._node_id, exists=True, epoch=epoch, first_seq=first_seq,
-            last_seq=last_seq, commit_seq=commit_seq)
+            last_seq=last_seq, commit_seq=commit_seq, fenced_epoch=stream.record.fenced_epoch,
+            serving=stream.role == ROLE_PRIMARY and stream.deposed is None)
+
+    def _fence_now(self, name: str, fence_epoch: int) -> Stream | None:
+        """Refuses batches below `fence_epoch` from now on (durable once the caller awaited
+        the group commit); a primary below that epoch stops taking writes. STALE_EPOCH when
+        this node already leads at or above it."""
+        stream = self._engine.streams.get(name)
+        if stream is None or not fence_epoch:
+            return None
+        if stream.role == ROLE_PRIMARY and stream.deposed is None:
+            if stream.record.epoch >= fence_epoch:
+                raise RaftlogError(Reason.STALE_EPOCH, "this node already leads that epoch",
+                                   stream=name, epoch=stream.record.epoch)
+            # A failover or a planned handover: take no more writes; replication of what is
+            # stored carries on so that the successor can catch up.
+            stream.depose(RaftlogError(
+                Reason.NOT_PRIMARY, f"{name!r} is moving to another node; retry with the "
+                "same msg_id", stream=name))
+        stream.fence_unsynced(fence_epoch)
+        return stream
 
     @rpc.unary
     async def GetReplicaState(self, request: replication_pb2.GetReplicaStateRequest,
                               context: Context) -> replication_pb2.ReplicaState:
-        stream = self._engine.streams.get(request.stream)
-        if stream is not None and request.fence_epoch:
-            if stream.role == ROLE_PRIMARY and stream.deposed is None:
-                if stream.record.epoch >= request.fence_epoch:
-                    raise RaftlogError(Reason.STALE_EPOCH, "this node already leads that epoch")
-                # A planned handover: take no more writes; replication of what is stored
-                # carries on so that the successor can catch up.
-                stream.depose(RaftlogError(
-                    Reason.NOT_PRIMARY, f"{request.stream!r} is moving to another node; "
-                    "retry with the same msg_id", stream=request.stream))
-            await stream.fence(request.fence_epoch)
+        if self._fence_now(request.stream, request.fence_epoch) is not None:
+            await self._committer.durable()
         return self._state(request.stream)
+
+    @rpc.unary
+    async def Survey(self, request: replication_pb2.SurveyRequest,
+                     context: Context) -> replication_pb2.SurveyReply:
+        """Many GetReplicaState calls in one: all fences share one fsync, then every state."""
+        if len(request.streams) > survey_streams_max:
+            raise RaftlogError(Reason.BATCH_TOO_LARGE, f"a survey names at most "
+                               f"{survey_streams_max} streams", limit=survey_streams_max)
+        refused: dict[int, RaftlogError] = {}
+        fenced = False
+        for index, item in enumerate(request.streams):
+            try:
+                fenced = self._fence_now(item.stream, item.fence_epoch) is not None or fenced
+            except RaftlogError as err:
+                refused[index] = err
+        if fenced:
+            await self._committer.durable()
+        reply = replication_pb2.SurveyReply()
+        for index, item in enumerate(request.streams):
+            state = self._state(item.stream)
+            if index in refused:  # leads at or above the fence: report, do not fence
+                state.serving = True
+            reply.states.append(state)
+        return reply
 
     @rpc.unary
     async def ReadLocal(self, request: replication_pb2.ReadLocalRequest,
@@ -176,4 +206,8 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
 
     async def Ping(self, request: replication_pb2.PingRequest,
                    context: Context) -> replication_pb2.PingReply:
-        return replication_pb2.PingReply(node_id=self._node_id)
+        reply = self._health()
+        if request.nonce and self._credential is not None:
+            reply.proof = self._credential.prove(request.nonce[:nonce_bytes_max],
+                                                 principal=self._node_id)
+        return reply

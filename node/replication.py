@@ -27,9 +27,10 @@ import grpc
 
 from raftlog.node.clock import Clock
 from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.forwarding import ChannelPool
+from raftlog.node.peer import PeerClient
 from raftlog.node.stream import Stream
-from raftlog.v1 import raft_pb2, replication_pb2, replication_pb2_grpc
+from raftlog.node.stream_replica import removed_seqs_max
+from raftlog.v1 import raft_pb2, replication_pb2
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,11 @@ def to_ranges(seqs: list[int]) -> list[tuple[int, int]]:
 class PeerLink:
     """The Replicate call to one replica node."""
 
-    def __init__(self, *, node_id: str, address: Callable[[], str], pool: ChannelPool,
+    def __init__(self, *, node_id: str, peers: PeerClient,
                  on_ack: Callable[[str, replication_pb2.ReplicateAck], None],
                  on_reset: Callable[[str], None]) -> None:
         self.node_id = node_id
-        self._address = address
-        self._pool = pool
+        self._peers = peers
         self._on_ack = on_ack
         self._on_reset = on_reset
         self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
@@ -104,9 +104,7 @@ class PeerLink:
     async def _run(self) -> None:
         while True:
             try:
-                stub: Any = replication_pb2_grpc.ReplicationStub(  # type: ignore[no-untyped-call]
-                    self._pool.get(self._address()))
-                self._call = stub.Replicate(self._requests())
+                self._call = self._peers.replicate(self.node_id, self._requests())
                 self.connected = True
                 async for ack in self._call:
                     self._on_ack(self.node_id, ack)
@@ -205,7 +203,8 @@ class StreamReplicator:
             progress.reseed = True
             progress.next_seq = stream.first_seq
         unsent = progress.next_seq is not None and progress.next_seq <= stream.last_seq
-        removed = stream.removed_log[progress.removed_sent:]
+        removed = stream.removed_log[progress.removed_sent:
+                                     progress.removed_sent + removed_seqs_max]
         idle = heartbeat and not progress.inflight
         if not (unsent or removed or idle or progress.next_seq is None):
             return
@@ -309,17 +308,16 @@ class StreamReplicator:
 class LinkSet:
     """Links to every replica node, created on first use; routes acks to replicators."""
 
-    def __init__(self, *, pool: ChannelPool, address_of: Callable[[str], str]) -> None:
-        self._pool = pool
-        self._address_of = address_of
+    def __init__(self, *, peers: PeerClient) -> None:
+        self._peers = peers
         self._links: dict[str, PeerLink] = {}
         self.replicators: dict[str, StreamReplicator] = {}
 
     def send(self, node_id: str, request: replication_pb2.ReplicateRequest) -> bool:
         link = self._links.get(node_id)
         if link is None:
-            link = PeerLink(node_id=node_id, address=lambda: self._address_of(node_id),
-                            pool=self._pool, on_ack=self._on_ack, on_reset=self._on_reset)
+            link = PeerLink(node_id=node_id, peers=self._peers, on_ack=self._on_ack,
+                            on_reset=self._on_reset)
             link.start()
             self._links[node_id] = link
         return link.send(request)
@@ -347,10 +345,9 @@ class LinkSet:
 class ReplicationManager:
     """The streams this node leads with replication factor > 1, and their ticking."""
 
-    def __init__(self, *, node_id: str, pool: ChannelPool, address_of: Callable[[str], str],
-                 clock: Clock) -> None:
+    def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
         self.node_id = node_id
-        self.links = LinkSet(pool=pool, address_of=address_of)
+        self.links = LinkSet(peers=peers)
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
 

@@ -27,10 +27,13 @@ from raftlog.node.consumer_records import RocksConsumerStore
 from raftlog.node.consumer_service import ConsumersService
 from raftlog.node.consumer_store import ConsumerStore
 from raftlog.node.consumers import ConsumerManager
-from raftlog.node.errors import InvariantViolation
-from raftlog.node.failover import FailoverCoordinator, LivenessMonitor
-from raftlog.node.forwarding import ChannelPool, RoutingInterceptor
+from raftlog.node.credentials import Credential
+from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.node.failover import FailoverCoordinator
+from raftlog.node.forwarding import STREAM_RELAY_OPTIONS, ChannelPool, RoutingInterceptor
+from raftlog.node.liveness import LivenessMonitor
 from raftlog.node.malformed import MalformedRequestInterceptor
+from raftlog.node.peer import PEER_SERVER_OPTIONS, PeerAuthInterceptor, PeerClient
 from raftlog.node.placement import Placement
 from raftlog.node.replica import ReplicationService
 from raftlog.node.replication import ReplicationManager
@@ -71,8 +74,13 @@ class Node:
         self.committer = GroupCommitter(self.storage)
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
+        self.peer_server: grpc.aio.Server | None = None
         self.port = 0
+        self.peer_port = 0
         self.pool = ChannelPool()
+        self.stream_relay_pool = ChannelPool(options=STREAM_RELAY_OPTIONS)
+        self.peers: PeerClient | None = None
+        self.credential: Credential | None = None
         self.group: RaftGroup | None = None
         self.cluster: ClusterNode | None = None
         self.raft_consumers: RaftConsumerStore | None = None
@@ -108,7 +116,14 @@ class Node:
             on_applied=lambda event: self._cluster_node().on_applied(event),
             on_leader_change=lambda event: self._cluster_node().on_leader_change(event),
             clock=self.clock,
+            stuck=self._loop_stuck,
         )
+
+    def _loop_stuck(self) -> bool:
+        """Any thread: the serving loop is stuck past the failover threshold (or the node
+        does not serve yet): it must not lead Raft."""
+        liveness = getattr(self, "liveness", None)
+        return liveness is None or liveness.loop_stuck()
 
     def _cluster_node(self) -> ClusterNode:
         if self.cluster is None:
@@ -119,18 +134,27 @@ class Node:
         cluster = ClusterNode(config=self.config, group=group, engine=self.engine,
                               consumers=self.consumers, clock=self.clock,
                               consumer_store=self.raft_consumers)
-        cluster.replication = ReplicationManager(
-            node_id=cluster.node_id, pool=self.pool, address_of=cluster.member_address,
-            clock=self.clock)
-        self.liveness = LivenessMonitor(node_id=cluster.node_id, members=cluster.member_addresses,
-                                        pool=self.pool, clock=self.clock)
-        self.failover = FailoverCoordinator(node_id=cluster.node_id, group=group,
-                                            liveness=self.liveness, pool=self.pool,
-                                            clock=self.clock)
-        self.placement = Placement(node_id=cluster.node_id, group=group, pool=self.pool,
+        self.credential = Credential(self.config.cluster_secret, clock=self.clock)
+        self.peers = PeerClient(node_id=cluster.node_id, credential=self.credential,
+                                address_of=cluster.member_peer_address)
+        cluster.replication = ReplicationManager(node_id=cluster.node_id, peers=self.peers,
+                                                 clock=self.clock)
+        self.liveness = LivenessMonitor(node_id=cluster.node_id, members=cluster.member_ids,
+                                        peers=self.peers, clock=self.clock)
+        cluster.liveness = self.liveness
+        self.placement = Placement(node_id=cluster.node_id, group=group, peers=self.peers,
                                    liveness=self.liveness, clock=self.clock,
                                    replace_dead_after_s=self.config.replace_dead_after_s)
+        self.failover = FailoverCoordinator(
+            node_id=cluster.node_id, group=group, liveness=self.liveness, peers=self.peers,
+            clock=self.clock, own_troubles=lambda: cluster.troubles.values(),
+            busy=self.placement.is_moving)
         return cluster
+
+    def _peer_access(self) -> tuple[Credential, PeerClient]:
+        if self.credential is None or self.peers is None:
+            raise InvariantViolation("node-to-node access is used outside cluster mode")
+        return self.credential, self.peers
 
     def _services(self, server: grpc.aio.Server) -> tuple[str, ...]:
         if self.cluster is None:
@@ -140,10 +164,8 @@ class Node:
             streams = ClusterStreamsService(self.engine, self.cluster, self.pool)
             consumers = ClusterConsumersService(self.consumers, self.cluster)
             cluster_pb2_grpc.add_ClusterServicer_to_server(
-                ClusterService(self.cluster, self.pool, self.placement), server)
-            replication_pb2_grpc.add_ReplicationServicer_to_server(ReplicationService(
-                node_id=self.cluster.node_id, engine=self.engine, committer=self.committer,
-                ensure_replica=self.cluster.ensure_replica), server)
+                ClusterService(self.cluster, self.pool, self.placement, *self._peer_access()),
+                server)
         streams_pb2_grpc.add_StreamsServicer_to_server(streams, server)
         consumers_pb2_grpc.add_ConsumersServicer_to_server(consumers, server)
         return SERVICE_NAMES if self.cluster is None else (*SERVICE_NAMES, CLUSTER_SERVICE_NAME)
@@ -163,7 +185,8 @@ class Node:
             self.liveness.start()
             self.failover.start()
             self.placement.start()
-            interceptors.append(RoutingInterceptor(self.cluster, self.pool))
+            interceptors.append(RoutingInterceptor(self.cluster, self.pool,
+                                                   stream_pool=self.stream_relay_pool))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
             ("grpc.max_send_message_length", limits.request_bytes_max),
@@ -176,17 +199,44 @@ class Node:
         )
         self.port = server.add_insecure_port(self.config.grpc_address)
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.grpc_address}")
+            raise RaftlogError(Reason.INVALID_CONFIG,
+                               f"cannot listen on {self.config.grpc_address} (--grpc)")
+        if self.cluster is not None:
+            self.peer_server = self._peer_server(self.cluster)
+            await self.peer_server.start()
         await server.start()
         self.server = server
         for name in ("", *names):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("node %s serving gRPC on %s", self.config.name, self.config.grpc_address)
+        log.info("node %s serving gRPC on %s, peers on %s", self.config.name,
+                 self.config.grpc_address, self.config.peer_address or "-")
+
+    def _peer_server(self, cluster: ClusterNode) -> grpc.aio.Server:
+        """The peer listener: node-to-node services, for holders of the cluster credential."""
+        credential, _ = self._peer_access()
+        interceptors = [MalformedRequestInterceptor(), PeerAuthInterceptor(credential)]
+        server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", limits.request_bytes_max),
+            ("grpc.max_send_message_length", limits.request_bytes_max),
+            ("grpc.so_reuseport", 0),
+            *PEER_SERVER_OPTIONS,
+        ])
+        replication_pb2_grpc.add_ReplicationServicer_to_server(ReplicationService(
+            node_id=cluster.node_id, engine=self.engine, committer=self.committer,
+            ensure_replica=cluster.ensure_replica, health=cluster.health_report,
+            credential=credential), server)
+        self.peer_port = server.add_insecure_port(self.config.peer_address)
+        if self.peer_port == 0:
+            raise RaftlogError(Reason.INVALID_CONFIG,
+                               f"cannot listen on {self.config.peer_address} (--peer)")
+        return server
 
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()
         if self.server is not None:
             await self.server.stop(limits.drain_grace_s)
+        if self.peer_server is not None:
+            await self.peer_server.stop(limits.drain_grace_s)
         if self.cluster is not None:
             await self.placement.stop()
             await self.failover.stop()
@@ -199,6 +249,9 @@ class Node:
         if self.group is not None:
             self.group.close()
         await self.pool.close()
+        await self.stream_relay_pool.close()
+        if self.peers is not None:
+            await self.peers.close()
         await self.engine.stop()
         await self.committer.durable()
         self.committer.stop()
@@ -208,7 +261,11 @@ class Node:
 
 async def serve(config: NodeConfig) -> None:
     node = Node(config)
-    await node.start()
+    try:
+        await node.start()
+    except BaseException:
+        await node.stop()
+        raise
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -226,5 +283,9 @@ def run(config: NodeConfig) -> int:
     )
     log_limit.install()  # repeated lines (same logger and template) are rate limited
     sys.setswitchinterval(switch_interval_s)
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except RaftlogError as err:  # a configuration the node cannot start with
+        print(f"error: {err.reason.name}: {err.message}", file=sys.stderr)
+        return 1
     return 0

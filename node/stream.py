@@ -18,7 +18,7 @@ from typing import Protocol
 
 from rocksdict import WriteBatch
 
-from raftlog.node import keys, limits, subjects
+from raftlog.node import keys, limits, stream_replica, subjects
 from raftlog.node.clock import Clock
 from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.node.log import LogEntry
@@ -30,14 +30,15 @@ from raftlog.node.storage import (
     GroupCommitter,
     Storage,
 )
-from raftlog.v1 import storage_pb2, streams_pb2, types_pb2
+from raftlog.node.stream_replica import ROLE_PRIMARY, ROLE_REPLICA
+from raftlog.v1 import replication_pb2, storage_pb2, streams_pb2, types_pb2
+
+__all__ = ["ROLE_PRIMARY", "ROLE_REPLICA", "Appended", "Draft", "Stream"]
 
 known_subjects_max = 10_000  # validated subjects remembered per stream
 scan_examined_max = 100_000  # messages one filtered scan looks at before it stops
 
 
-ROLE_PRIMARY = "primary"
-ROLE_REPLICA = "replica"
 commit_wait_s_max = 10.0  # a publish waits this long for a quorum before UNAVAILABLE
 removed_log_max = 100_000  # removals kept for replicas before they must be re-seeded
 
@@ -845,122 +846,7 @@ class Stream:
         await self._committer.durable()
         return purged
 
-    # ----------------------------------------------------------------- replica side
-
-    def accept_replicated(
-        self, *, epoch: int, history: Sequence[tuple[int, int]], first_seq: int,
-        values: Sequence[bytes], removed: Sequence[tuple[int, int]], reseed: bool,
-        head_seq: int,
-    ) -> int:
-        """Applies a primary's batch (written, not yet durable); returns the last seq held.
-
-        Refuses (RaftlogError) an older epoch (STALE_EPOCH) and a batch that does not start
-        at or below the next seq (SEQ_GAP, metadata last_seq); nothing is changed then.
-        A newer epoch first truncates what this node holds from the start of the first epoch
-        (in the primary's `history` of (epoch, start_seq)) after the last epoch this node
-        wrote in: those messages came from an older primary and were never committed (G7)."""
-        floor = max(self.record.epoch, self.record.fenced_epoch)
-        if epoch < floor:
-            raise RaftlogError(Reason.STALE_EPOCH, f"{self.name!r} is at fence epoch "
-                               f"{floor}; refusing epoch {epoch}",
-                               replica_epoch=floor, last_seq=self.record.last_seq)
-        if self.role == ROLE_PRIMARY and self.deposed is None and self.replicator is not None:
-            raise RaftlogError(Reason.STALE_EPOCH, f"this node is the primary of {self.name!r}",
-                               replica_epoch=self.record.epoch, last_seq=self.record.last_seq)
-        if epoch > self.record.epoch:
-            later = [start for past, start in history if past > self.record.epoch]
-            self._truncate_from(min(later, default=self.record.last_seq + 1))
-            self.record.epoch = epoch
-        if reseed:
-            self._reset_to(first_seq)
-        elif values and first_seq > self.record.last_seq + 1:
-            self._write(self._storage.batch(), set())
-            raise RaftlogError(Reason.SEQ_GAP, f"{self.name!r} holds up to seq "
-                               f"{self.record.last_seq}; batch starts at {first_seq}",
-                               last_seq=self.record.last_seq, replica_epoch=self.record.epoch)
-        batch = self._storage.batch()
-        touched: set[str] = set()
-        for first, last in removed:
-            for seq in range(max(first, self.record.first_seq),
-                             min(last, self.record.last_seq) + 1):
-                self._delete_seq(batch, seq, touched)
-        skip = max(self.record.last_seq + 1 - first_seq, 0)
-        for offset, value in enumerate(values[skip:], start=first_seq + skip):
-            if value:
-                self._append_stored(batch, offset, value, touched)
-            else:  # removed on the primary before it was sent
-                self.record.last_seq = offset
-        batch = self._write(batch, touched)
-        if head_seq > self.record.first_seq:
-            self._remove_below(min(head_seq, self.record.last_seq + 1))
-        self._advance_head()
-        return self.record.last_seq
-
-    def _append_stored(self, batch: WriteBatch, seq: int, value: bytes, touched: set[str]) -> None:
-        stored = storage_pb2.StoredMessage.FromString(value)
-        batch.put(keys.message_key(self.stream_id, seq), value, self._storage.handle(CF_MESSAGES))
-        batch.put(keys.index_key(self.stream_id, stored.subject, seq), b"",
-                  self._storage.handle(CF_SUBJECTS))
-        stat = self.subject_stats.get(stored.subject)
-        if stat is None:
-            self.subject_stats[stored.subject] = SubjectStat(1, seq)
-        else:
-            stat.count += 1
-            stat.last_seq = seq
-        if stored.msg_id:
-            self._remember(batch, stored.msg_id, seq=seq, now_ms=stored.ts_ms)
-        touched.add(stored.subject)
-        self.record.last_seq = seq
-        self.record.messages += 1
-        self.record.bytes += stored_size(stored)
-        if self.record.messages == 1:
-            self.record.first_seq = seq
-
-    def _truncate_from(self, seq: int) -> None:
-        """Removes every message at or above `seq` (an uncommitted tail of an older epoch)."""
-        if seq > self.record.last_seq:
-            return
-        batch = self._storage.batch()
-        touched: set[str] = set()
-        for key in list(self._storage.scan_keys(
-                CF_MESSAGES, lower=keys.message_key(self.stream_id, seq),
-                upper=keys.message_key(self.stream_id, self.record.last_seq + 1))):
-            self._delete_seq(batch, keys.message_seq(key), touched)
-        for msg_id, (dedupe_seq, _) in list(self.dedupe.items()):
-            if dedupe_seq >= seq:
-                del self.dedupe[msg_id]
-                batch.delete(keys.dedupe_key(self.stream_id, msg_id),
-                             self._storage.handle(CF_DEDUPE))
-        self.record.last_seq = seq - 1
-        self._commit_seq = min(self._commit_seq, seq - 1)
-        self.durable_seq = min(self.durable_seq, seq - 1)
-        self._write(batch, touched)
-        self._advance_head()
-
-    def _remove_below(self, seq: int) -> None:
-        batch = self._storage.batch()
-        touched: set[str] = set()
-        for key in list(self._storage.scan_keys(
-                CF_MESSAGES, lower=keys.message_key(self.stream_id, self.record.first_seq),
-                upper=keys.message_key(self.stream_id, seq))):
-            self._delete_seq(batch, keys.message_seq(key), touched)
-        self._write(batch, touched)
-
-    def _reset_to(self, first_seq: int) -> None:
-        """Drops the whole local copy; the next message stored will be `first_seq`."""
-        batch = self._storage.batch()
-        for cf in (CF_MESSAGES, CF_SUBJECTS, CF_DEDUPE):
-            batch.delete_range(keys.stream_prefix(self.stream_id),
-                               keys.stream_end(self.stream_id), self._storage.handle(cf))
-        self.subject_stats.clear()
-        self.dedupe.clear()
-        self.record.messages = 0
-        self.record.bytes = 0
-        self.record.first_seq = first_seq
-        self.record.last_seq = first_seq - 1
-        self._commit_seq = min(self._commit_seq, first_seq - 1)
-        self.durable_seq = first_seq - 1
-        self._write(batch, set())
+    # ----------------------------------------------------------------- primary side
 
     def stored_values(self, *, from_seq: int, to_seq: int, bytes_max: int) -> list[bytes]:
         """Stored bytes of seqs from_seq..to_seq (fewer once bytes_max is reached); a seq
@@ -981,12 +867,21 @@ class Stream:
         values.extend([b""] * (to_seq + 1 - expected))
         return values
 
+    # ----------------------------------------------------------------- replica side
+
+    def accept_replicated(self, request: replication_pb2.ReplicateRequest) -> int:
+        """Applies a primary's batch; see `stream_replica.accept_replicated`."""
+        return stream_replica.accept_replicated(self, request)
+
     async def fence(self, epoch: int) -> None:
         """Refuses batches below `epoch` from now on (durable on return)."""
-        if epoch > self.record.fenced_epoch:
-            self.record.fenced_epoch = epoch
-            self._write(self._storage.batch(), set())
+        if self.fence_unsynced(epoch):
             await self._committer.durable()
+
+    def fence_unsynced(self, epoch: int) -> bool:
+        """Refuses batches below `epoch` from now on; written, durable with the next group
+        commit. True when the fence moved."""
+        return stream_replica.fence_unsynced(self, epoch)
 
     def replica_state(self) -> tuple[int, int, int, int]:
         """(epoch, first_seq, last_seq, commit_seq) of the local copy."""

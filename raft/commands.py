@@ -11,10 +11,11 @@ from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
 Command = raft_pb2.RaftCommand
 
 
-def member_join(*, node_id: str, raft_address: str, grpc_address: str, now_ms: int = 0
-                ) -> Command:
+def member_join(*, node_id: str, raft_address: str, grpc_address: str, peer_address: str = "",
+                now_ms: int = 0) -> Command:
     return Command(now_ms=now_ms, member_join=raft_pb2.MemberJoin(
-        node_id=node_id, raft_address=raft_address, grpc_address=grpc_address))
+        node_id=node_id, raft_address=raft_address, grpc_address=grpc_address,
+        peer_address=peer_address))
 
 
 def member_leave(*, node_id: str, now_ms: int = 0) -> Command:
@@ -52,6 +53,12 @@ def stream_promote(*, stream: str, new_primary: str, new_fence_epoch: int,
     return Command(now_ms=now_ms, stream_promote=raft_pb2.StreamPromote(
         stream=stream, new_primary=new_primary, new_fence_epoch=new_fence_epoch,
         epoch_start_seq=epoch_start_seq, replicas=list(replicas)))
+
+
+def stream_promotes(*, promotes: Iterable[raft_pb2.StreamPromote], now_ms: int = 0
+                    ) -> Command:
+    return Command(now_ms=now_ms, stream_promotes=raft_pb2.StreamPromotes(
+        promotes=list(promotes)))
 
 
 def authority_set_override(*, stream: str, claimant: str, fence_epoch: int,

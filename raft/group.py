@@ -41,6 +41,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,12 +56,13 @@ import pysyncobj.version
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
 from rocksdict import Rdict
 
 from raftlog.node.clock import Clock, SystemClock
 from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
-from raftlog.raft import wire
+from raftlog.raft import elections, wire
 from raftlog.raft.addresses import check_raft_config, split_address
 from raftlog.raft.api import (
     OUTCOME_NOT_COMMITTED,
@@ -166,6 +168,10 @@ def install_pysyncobj_patches() -> None:
 # ---------------------------------------------------------------------------------------------
 # pysyncobj subclasses
 
+PREVOTE = "raftlog_prevote"  # message types raftlog adds to pysyncobj's (raft/elections.py)
+PREVOTE_REPLY = "raftlog_prevote_reply"
+TRANSFER_FLAG = "raftlog_transfer"
+
 
 class _DurableTransport(TCPTransport):  # type: ignore[misc]
     """TCPTransport that makes the journal durable before acknowledging entries, and refuses
@@ -179,13 +185,32 @@ class _DurableTransport(TCPTransport):  # type: ignore[misc]
         syncObj.addOnTickCallback(self._journal.sync)
 
     def send(self, node: Any, message: Any) -> bool:
-        if isinstance(message, dict) and message.get("type") == "next_node_idx" \
-                and message.get("success"):
-            self._journal.sync()
-            if self._journal.dirty:
-                raise InvariantViolation("raft journal still dirty before acknowledging entries")
-            self._journal.counters["acks_after_sync"] += 1
+        if isinstance(message, dict):
+            kind = message.get("type")
+            if kind == "next_node_idx" and message.get("success"):
+                self._journal.sync()
+                if self._journal.dirty:
+                    raise InvariantViolation(
+                        "raft journal still dirty before acknowledging entries")
+                self._journal.counters["acks_after_sync"] += 1
+            elif kind == "request_vote" and self._syncObj._raftlog_group._transferring():
+                message[TRANSFER_FLAG] = True  # a leadership transfer: voters let it through
         return bool(super().send(node, message))
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        group: RaftGroup = self._syncObj._raftlog_group
+        if isinstance(message, dict) and getattr(group, "_obj", None) is not None:
+            kind = message.get("type")
+            if kind in (PREVOTE, PREVOTE_REPLY):
+                group._on_prevote_message(self, node, message)
+                return
+            if kind == "request_vote" and group._ignores_vote(node, message):
+                return
+            if kind == "append_entries":
+                group._on_append_entries(message)
+            elif kind == "timeout_now":
+                group._on_timeout_now(node)
+        super()._onMessageReceived(node, message)
 
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         handshaking = self._syncObj.encryptor is not None and not conn.sendRandKey
@@ -327,6 +352,7 @@ class RaftGroup:
         clock: Clock | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         timings: RaftTimings | None = None,
+        stuck: Callable[[], bool] | None = None,
     ) -> None:
         """Binds the Raft port and starts pysyncobj's tick thread; raises RaftlogError
         (INVALID_CONFIG) for a bad address, a port that cannot be bound, or a non-loopback bind
@@ -351,6 +377,15 @@ class RaftGroup:
         self._completions: dict[asyncio.AbstractEventLoop, _Completions] = {}
         self._membership_lock: asyncio.Lock | None = None
         self._last_leader: tuple[bool, str | None] = (False, None)
+        self._stuck = stuck or (lambda: False)  # is the node's serving loop stuck? (any thread)
+        self._timeouts = elections.AdaptiveTimeouts(elections.Timeouts(
+            election_min_s=self._timings.election_timeout_min_s,
+            election_max_s=self._timings.election_timeout_max_s,
+            leader_fallback_s=self._timings.leader_fallback_timeout_s))
+        self._prevote = elections.PreVote()
+        self._last_leader_contact_s = -1e9
+        self._transfer_asked_s = -1e9
+        self.election_counters: collections.Counter[str] = collections.Counter()
         self._conflicts_seen = 0
         self._snapshot_path = os.fspath(snapshot_path)
         os.makedirs(os.path.dirname(os.path.abspath(self._snapshot_path)), exist_ok=True)
@@ -370,7 +405,7 @@ class RaftGroup:
 
     def _construct(self, *, peers: list[str], bind: str, secret: str) -> _MetaSyncObj:
         t = self._timings
-        conf = SyncObjConf(
+        conf = self._conf = SyncObjConf(
             autoTickPeriod=t.tick_period_s,
             appendEntriesPeriod=t.append_entries_period_s,
             raftMinTimeout=t.election_timeout_min_s,
@@ -461,6 +496,51 @@ class RaftGroup:
                                "a node cannot remove itself; ask another member")
         await self._change_membership(address, add=False, timeout_s=timeout_s)
 
+    async def transfer_leadership(self, *, timeout_s: float) -> str:
+        """Hands Raft leadership to the most caught-up connected member and waits until
+        another member leads; returns its Raft address. NO_LEADER when this node does not
+        lead, TIMEOUT when no other member took over within `timeout_s`.
+
+        Tick thread, in one tick: pysyncobj's TimeoutNow to a fully caught-up member (asked
+        again every `retry_s` while none is), then this node stops leading at once: voters
+        that heard from a leader lately ignore plain vote requests (raft/elections.py), so
+        the target needs this node's vote."""
+        self._check_usable()
+        if not self.is_leader():
+            raise RaftlogError(Reason.NO_LEADER, "only the Raft leader can hand leadership over")
+        retry_s, poll_s = 0.1, 0.01
+        loop = asyncio.get_running_loop()
+        deadline, asked = loop.time() + timeout_s, -retry_s
+        wanted = threading.Event()
+
+        def on_tick() -> None:  # tick thread
+            if not wanted.is_set():
+                return
+            wanted.clear()
+            sent: list[int] = []
+            obj = self._obj
+            obj.transferLeadership(callback=lambda _, fail_reason: sent.append(fail_reason))
+            if sent == [FAIL_REASON.SUCCESS]:
+                obj._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+                obj._SyncObj__raftLeader = None
+                obj._SyncObj__raftElectionDeadline = (
+                    time.monotonic() + self._timeouts.current.election_max_s)
+
+        self._obj.addOnTickCallback(on_tick)
+        try:
+            while loop.time() < deadline:
+                leader = self.leader_address()
+                if not self.is_leader() and leader not in (None, self.self_address):
+                    return str(leader)
+                if self.is_leader() and loop.time() - asked >= retry_s:
+                    asked = loop.time()
+                    wanted.set()
+                await asyncio.sleep(poll_s)
+        finally:
+            self._obj.removeOnTickCallback(on_tick)
+        raise RaftlogError(Reason.TIMEOUT, f"no other member took Raft leadership over within "
+                           f"{timeout_s} s", outcome=OUTCOME_UNKNOWN)
+
     def status(self) -> GroupStatus:
         raw = self._read_racy(self._obj.getStatus)
         prefix = "partner_node_status_server_"
@@ -479,7 +559,7 @@ class RaftGroup:
             journal={**self.journal.counters,
                      "truncation_logs_suppressed": TRUNCATION_LOG_FILTER.suppressed,
                      "refused_frames": TRANSPORT_CODEC.refused + LOG_CODEC.refused,
-                     "events_dropped": self._events.dropped},
+                     "events_dropped": self._events.dropped, **self.election_counters},
             failure=self._failure,
         )
 
@@ -629,7 +709,15 @@ class RaftGroup:
         return result
 
     def _on_tick(self) -> None:
-        """Tick thread, every tick: leadership events and divergence checks. Keep it cheap."""
+        """Tick thread, every tick: timeouts, the election guard, leadership events and
+        divergence checks. Keep it cheap."""
+        now = time.monotonic()
+        timeouts = self._timeouts.on_tick(now)
+        conf = self._conf
+        conf.raftMinTimeout, conf.raftMaxTimeout = (timeouts.election_min_s,
+                                                    timeouts.election_max_s)
+        conf.leaderFallbackTimeout = timeouts.leader_fallback_s
+        self._guard_elections(now)
         leader = self._obj._getLeader()
         current = (bool(self._obj._isLeader()), None if leader is None else str(leader.id))
         if current != self._last_leader:
@@ -641,6 +729,114 @@ class RaftGroup:
             self._conflicts_seen = conflicts
             log.critical("raft: %d applied journal entries were rewritten with different "
                          "content: this member may have diverged", conflicts)
+
+    # -- internals: elections (raft/elections.py has the rules) --------------------------------
+
+    def _guard_elections(self, now: float) -> None:
+        """Tick thread: a follower stands for election only after a pre-vote majority and
+        never while its serving loop is stuck; a leader whose loop is stuck steps down."""
+        obj = self._obj
+        state = obj._SyncObj__raftState
+        stuck = self._stuck()
+        if state == _RAFT_STATE.LEADER:
+            if stuck:
+                self._step_down(now)
+            return
+        if obj._SyncObj__transferInProgress:
+            return
+        others = obj._SyncObj__otherNodes
+        if obj._SyncObj__raftElectionDeadline > now + 2 * self._timings.tick_period_s:
+            return
+        if stuck:
+            obj._SyncObj__raftElectionDeadline = now + self._timeouts.current.election_max_s
+            return
+        if not others or self._prevote.granted(now):
+            return  # the election may start on the next tick
+        obj._SyncObj__raftElectionDeadline = now + elections.prevote_retry_s
+        if self._prevote.due(now):
+            term = int(obj.raftCurrentTerm) + 1
+            self._prevote.start(term=term, now_s=now)
+            self.election_counters["prevotes_asked"] += 1
+            for node in list(others):
+                obj._SyncObj__transport.send(node, {
+                    "type": PREVOTE, "term": term,
+                    "last_log_index": obj._SyncObj__getCurrentLogIndex(),
+                    "last_log_term": obj._SyncObj__getCurrentLogTerm()})
+
+    def _step_down(self, now: float) -> None:
+        obj = self._obj
+        log.warning("raft: this node's serving loop is stuck; giving up Raft leadership")
+        self.election_counters["stepped_down_stuck"] += 1
+        obj.transferLeadership()  # best effort: needs a follower that is fully caught up
+        obj._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+        obj._SyncObj__raftLeader = None
+        obj._SyncObj__raftElectionDeadline = now + self._timeouts.current.election_max_s
+
+    def _sticky(self, now: float) -> bool:
+        return elections.sticky(
+            now_s=now, last_leader_contact_s=self._last_leader_contact_s,
+            election_min_s=self._timeouts.current.election_min_s,
+            is_leader_with_quorum=self._obj._SyncObj__raftState == _RAFT_STATE.LEADER)
+
+    def _ignores_vote(self, node: Any, message: dict[str, Any]) -> bool:
+        """Tick thread: a vote request while this member has a working leader is dropped
+        before pysyncobj sees it (it would adopt the higher term and depose the leader).
+        Except on the leader, from a member that has stopped answering it: that member may
+        have raised its term past the leader's (two candidates raced) and then ignores the
+        leader's lower-term entries for good; letting its request through makes the leader
+        adopt the term and a new election include it (what a Raft reply's term would do)."""
+        now = time.monotonic()
+        if message.get(TRANSFER_FLAG) or not self._sticky(now):
+            return False
+        obj = self._obj
+        if obj._SyncObj__raftState == _RAFT_STATE.LEADER:
+            answered = obj._SyncObj__lastResponseTime.get(node, now)
+            if now - answered > self._timeouts.current.election_min_s:
+                self.election_counters["votes_from_silent_members"] += 1
+                return False
+        self.election_counters["votes_ignored"] += 1
+        return True
+
+    def _on_timeout_now(self, node: Any) -> None:
+        """The leader hands leadership to this node (pysyncobj starts the election on the
+        next tick, and clears its own flag before sending the vote requests)."""
+        if node == self._obj._getLeader():
+            self._transfer_asked_s = time.monotonic()
+
+    def _transferring(self) -> bool:
+        """Tick thread: this node's vote requests are those of a leadership transfer."""
+        return time.monotonic() - self._transfer_asked_s < self._timeouts.current.election_max_s
+
+    def _on_append_entries(self, message: dict[str, Any]) -> None:
+        if int(message.get("term", 0)) >= int(self._obj.raftCurrentTerm):
+            self._last_leader_contact_s = time.monotonic()
+
+    def _on_prevote_message(self, transport: Any, node: Any, message: dict[str, Any]) -> None:
+        """Tick thread: answers a pre-vote request, or counts an answer to ours."""
+        obj = self._obj
+        now = time.monotonic()
+        term = int(message.get("term", 0))
+        if message["type"] == PREVOTE:
+            granted = (term > int(obj.raftCurrentTerm) and not self._sticky(now)
+                       and elections.up_to_date(
+                           candidate_term=int(message.get("last_log_term", 0)),
+                           candidate_index=int(message.get("last_log_index", 0)),
+                           own_term=int(obj._SyncObj__getCurrentLogTerm()),
+                           own_index=int(obj._SyncObj__getCurrentLogIndex())))
+            self.election_counters["prevotes_granted" if granted else "prevotes_denied"] += 1
+            transport.send(node, {"type": PREVOTE_REPLY, "term": term, "granted": granted})
+            return
+        if message.get("granted") and self._prevote.grant(
+                voter=str(node.id), term=term, members=len(obj._SyncObj__otherNodes) + 1,
+                now_s=now):
+            obj._SyncObj__raftElectionDeadline = 0  # stand for election on the next tick
+            self.election_counters["elections_started"] += 1
+
+    def leader_contact_age_s(self) -> float:
+        """Seconds since this node last heard from a Raft leader (0 while it leads)."""
+        if self._obj._isLeader():
+            return 0.0
+        return time.monotonic() - self._last_leader_contact_s
 
     def _on_log_entry_refused(self, error: Exception) -> None:
         """A log entry (membership change or command wrapper) the restricted unpickler refused:

@@ -79,6 +79,9 @@ class MemoryRaftGroup:
     def is_leader(self) -> bool:
         return self._leader
 
+    def is_ready(self) -> bool:
+        return True
+
     def leader_address(self) -> str | None:
         return self.self_address if self._leader else None
 
@@ -114,6 +117,17 @@ class MemoryRaftGroup:
             raise RaftlogError(Reason.INVALID_ARGUMENT,
                                "a node cannot remove itself; ask another member")
         self.raft_members.discard(address)
+
+    async def transfer_leadership(self, *, timeout_s: float) -> str:
+        """Another Raft member (see `raft_members`) leads from now on; returns its address."""
+        if not self._leader:
+            raise RaftlogError(Reason.NO_LEADER, "only the Raft leader can hand leadership over")
+        others = sorted(self.raft_members - {self.self_address})
+        if not others:
+            raise RaftlogError(Reason.TIMEOUT, "no other member took Raft leadership over",
+                               outcome=OUTCOME_NOT_COMMITTED)
+        self.set_leader(False)
+        return others[0]
 
     def status(self) -> GroupStatus:
         return GroupStatus(

@@ -39,6 +39,7 @@ node_id_bytes_max = 128
 address_bytes_max = 256
 epoch_history_max = 64  # (epoch, start seq) pairs kept per stream, newest last
 consumer_updates_max = 10_000  # ConsumerProgress entries in one ConsumerStateUpdate
+promotes_max = 1_000  # StreamPromote entries in one StreamPromotes
 acked_above_floor_max = limits.acked_above_floor_max
 
 
@@ -53,6 +54,7 @@ class Member:
     status: raft_pb2.MemberStatus.ValueType
     since_ms: int
     joined_ms: int
+    peer_address: str = ""  # the peer listener; "" for a member that registered without one
 
 
 @dataclass
@@ -108,6 +110,13 @@ class MetaState:
     encoded_streams: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
     encoded_consumers: dict[tuple[str, str], bytes] = field(default_factory=dict, repr=False,
                                                             compare=False)
+    # Derived index: stream names by primary, kept by `apply` (and rebuilt from a snapshot),
+    # so per-node work (a lost node's streams) does not scan every stream. Not part of the
+    # state's value.
+    by_primary: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def streams_led_by(self, node_id: str) -> list[str]:
+        return sorted(self.by_primary.get(node_id, ()))
 
     def streams_held_by(self, node_id: str) -> list[str]:
         """Names of the streams whose primary or replicas include the node."""
@@ -210,6 +219,17 @@ def _check_start_seq(stream: StreamAssignment, start_seq: int) -> None:
              f"{stream.epoch_start_seq}: seqs never go back")
 
 
+def _index_primary(state: MetaState, name: str, *, old: str, new: str) -> None:
+    if old:
+        led = state.by_primary.get(old)
+        if led is not None:
+            led.discard(name)
+            if not led:
+                del state.by_primary[old]
+    if new:
+        state.by_primary.setdefault(new, set()).add(name)
+
+
 def _start_epoch(stream: StreamAssignment, *, epoch: int, start_seq: int, now_ms: int) -> None:
     stream.fence_epoch = epoch
     stream.epoch_start_seq = start_seq
@@ -229,6 +249,8 @@ def _member_join(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.Ra
                           ("grpc_address", join.grpc_address)):
         _require(0 < len(address.encode()) <= address_bytes_max, Reason.INVALID_ARGUMENT,
                  f"{what} must be 1..{address_bytes_max} bytes")
+    _require(len(join.peer_address.encode()) <= address_bytes_max, Reason.INVALID_ARGUMENT,
+             f"peer_address must be at most {address_bytes_max} bytes")
     _require(join.node_id not in state.members, Reason.NODE_EXISTS,
              f"node {join.node_id!r} is already a member")
     for other in state.members.values():
@@ -236,11 +258,15 @@ def _member_join(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.Ra
                  f"raft address {join.raft_address} belongs to {other.node_id!r}")
         _require(join.grpc_address != other.grpc_address, Reason.NODE_EXISTS,
                  f"grpc address {join.grpc_address} belongs to {other.node_id!r}")
+        _require(not join.peer_address or join.peer_address != other.peer_address,
+                 Reason.NODE_EXISTS,
+                 f"peer address {join.peer_address} belongs to {other.node_id!r}")
     _require(len(state.members) < members_max, Reason.INVALID_ARGUMENT,
              f"a cluster has at most {members_max} members")
     state.members[join.node_id] = Member(
         node_id=join.node_id, raft_address=join.raft_address, grpc_address=join.grpc_address,
         status=ALIVE, since_ms=command.now_ms, joined_ms=command.now_ms,
+        peer_address=join.peer_address,
     )
     return _ok()
 
@@ -293,6 +319,7 @@ def _stream_create(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.
     )
     state.next_stream_id += 1
     state.streams[name] = stream
+    _index_primary(state, name, old="", new=stream.primary)
     state.consumers[name] = {}
     state.encoded_streams.pop(name, None)
     return _ok(stream=stream)
@@ -320,13 +347,35 @@ def _stream_update(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.
 def _stream_delete(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
     stream = _stream(state, command.stream_delete.name)
     del state.streams[stream.name]  # the override lives in the assignment
+    _index_primary(state, stream.name, old=stream.primary, new="")
     for consumer_name in state.consumers.pop(stream.name, {}):
         state.encoded_consumers.pop((stream.name, consumer_name), None)
     return _ok(stream=stream)
 
 
 def _stream_promote(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
-    promote = command.stream_promote
+    return _ok(stream=_promote(state, command.stream_promote, now_ms=command.now_ms))
+
+
+def _stream_promotes(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
+    promotes = command.stream_promotes.promotes
+    _require(len(promotes) <= promotes_max, Reason.BATCH_TOO_LARGE,
+             f"at most {promotes_max} promotes per command")
+    result = raft_pb2.RaftResult(ok=True)
+    for promote in promotes:
+        try:
+            _promote(state, promote, now_ms=command.now_ms)
+        except _Rejected as rejection:
+            result.skipped.add(stream=promote.stream, reason=rejection.reason.name)
+            continue
+        result.updates_applied += 1
+        result.changed = True
+    return result
+
+
+def _promote(state: MetaState, promote: raft_pb2.StreamPromote, *, now_ms: int
+             ) -> StreamAssignment:
+    """One failover; raises _Rejected (changing nothing) when a rule forbids it."""
     stream = _stream(state, promote.stream)
     _require(promote.new_fence_epoch > stream.fence_epoch, Reason.STALE_EPOCH,
              f"epoch {promote.new_fence_epoch} is not above stream {stream.name!r}'s current "
@@ -345,11 +394,12 @@ def _stream_promote(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2
         override.fence_epoch = promote.new_fence_epoch
     else:
         stream.override = None
+    _index_primary(state, stream.name, old=stream.primary, new=promote.new_primary)
     stream.primary = promote.new_primary
     stream.replicas = replicas
     _start_epoch(stream, epoch=promote.new_fence_epoch, start_seq=promote.epoch_start_seq,
-                 now_ms=command.now_ms)
-    return _ok(stream=stream)
+                 now_ms=now_ms)
+    return stream
 
 
 # Authority overrides -----------------------------------------------------------------------------
@@ -372,6 +422,7 @@ def _authority_set_override(state: MetaState, command: raft_pb2.RaftCommand
     _check_start_seq(stream, request.epoch_start_seq)
     stream.override = Override(claimant=request.claimant, fence_epoch=request.fence_epoch,
                                pinned=request.pinned, set_ms=command.now_ms)
+    _index_primary(state, stream.name, old=stream.primary, new=request.claimant)
     stream.primary = request.claimant
     _start_epoch(stream, epoch=request.fence_epoch, start_seq=request.epoch_start_seq,
                  now_ms=command.now_ms)
@@ -506,6 +557,7 @@ _HANDLERS: dict[str, Callable[[MetaState, raft_pb2.RaftCommand], raft_pb2.RaftRe
     "authority_clear_override": _authority_clear_override,
     "authority_set_pinned": _authority_set_pinned,
     "stream_promote": _stream_promote,
+    "stream_promotes": _stream_promotes,
     "consumer_create": _consumer_create,
     "consumer_delete": _consumer_delete,
     "consumer_state_update": _consumer_state_update,
@@ -522,6 +574,9 @@ def check_invariants(state: MetaState) -> None:
     a state loaded from a snapshot."""
     for node_id, member in state.members.items():
         _invariant(node_id == member.node_id, f"member key {node_id!r} != {member.node_id!r}")
+    indexed = {(primary, name) for primary, names in state.by_primary.items() for name in names}
+    _invariant(indexed == {(s.primary, s.name) for s in state.streams.values()},
+               "the by-primary index does not match the streams' primaries")
     seen_ids: set[int] = set()
     for name, stream in state.streams.items():
         _check_stream_invariants(state, name, stream)
@@ -631,6 +686,7 @@ def _add_members(snapshot: raft_pb2.RaftSnapshot, state: MetaState) -> None:
             node_id=member.node_id, raft_address=member.raft_address,
             grpc_address=member.grpc_address, status=member.status,
             since_ms=member.since_ms, joined_ms=member.joined_ms,
+            peer_address=member.peer_address,
         )
 
 
@@ -668,11 +724,12 @@ def from_snapshot(snapshot: raft_pb2.RaftSnapshot) -> MetaState:
         state.members[member.node_id] = Member(
             node_id=member.node_id, raft_address=member.raft_address,
             grpc_address=member.grpc_address, status=member.status, since_ms=member.since_ms,
-            joined_ms=member.joined_ms,
+            joined_ms=member.joined_ms, peer_address=member.peer_address,
         )
     for record in snapshot.streams:
         state.streams[record.name] = _stream_from_record(record)
         state.consumers[record.name] = {}
+        _index_primary(state, record.name, old="", new=record.primary)
     for entry in snapshot.consumers:
         config = consumers_pb2.ConsumerConfig()
         config.CopyFrom(entry.config)

@@ -143,13 +143,15 @@ async def _run_trial(cluster: LocalCluster, plan: Plan, trial: int, seed: int) -
         restart_at = time.monotonic()
         await asyncio.to_thread(cluster.start, victim, timeout_s=restart_timeout_s)
         caught_up_s = await wl.wait_caught_up(addresses, stream, replica=cluster.address(victim),
-                                              timeout_s=converge_timeout_s)
+                                              timeout_s=converge_timeout_s,
+                                              peer=cluster.peer_access())
         catchup_s = None if caught_up_s is None else time.monotonic() - restart_at
     finally:
         publisher.stop()
         history = await task
     report = await wl.audit(addresses, stream, seed=seed, published=[history],
-                            replicas_required=3, converge_timeout_s=converge_timeout_s)
+                            replicas_required=3, converge_timeout_s=converge_timeout_s,
+                            peer=cluster.peer_access())
     timing = wl.failover_timing([history], fault_at=fault_at)
     return Trial(
         trial=trial, stream=stream, primary=route.primary, was_raft_leader=leader == route.primary,

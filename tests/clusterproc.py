@@ -9,18 +9,29 @@ any number of times.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
 from raftlog.node import localcluster
+from raftlog.node.cluster_admin import ADMIN_METHODS, admin_metadata
+from raftlog.node.credentials import PEER_TOKEN_HEADER, Credential, read_secret_file
 from raftlog.node.localcluster import LocalClusterError, LocalNode, NodeSpec, Refusal
-from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, consumers_pb2_grpc, streams_pb2_grpc
+from raftlog.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    consumers_pb2_grpc,
+    replication_pb2_grpc,
+    streams_pb2_grpc,
+)
+from tests import workload as wl
 from tests.nodeproc import wait_until as _wait_until
 
 ready_timeout_s = 60.0
@@ -54,6 +65,7 @@ class LocalCluster:
         self.nodes: dict[int, LocalNode] = {}  # every node started, by index
         self.running: set[int] = set()
         self._channels: dict[int, grpc.Channel] = {}
+        self._peer_channels: dict[int, grpc.Channel] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -70,6 +82,8 @@ class LocalCluster:
             else:
                 localcluster.wait_serving(nodes, timeout_s)
         except BaseException:
+            for i in sorted(self.nodes):
+                print(f"--- n{i} log tail ---\n{self.log_tail(i)}")
             self.stop_all()
             raise
         return self
@@ -156,6 +170,25 @@ class LocalCluster:
     def address(self, i: int) -> str:
         return self.specs[i].grpc_address
 
+    def peer_address(self, i: int) -> str:
+        return self.specs[i].peer_address
+
+    @property
+    def secret_path(self) -> Path:
+        return self.secret_file or next(iter(self.specs.values())).secret_path
+
+    def credential(self) -> Credential:
+        return Credential(read_secret_file(self.secret_path))
+
+    def peer_access(self) -> wl.PeerAccess:
+        """What tests/workload.py's collectors need to read every node's local copy."""
+        return wl.PeerAccess(credential=self.credential(), peer_of={
+            spec.grpc_address: spec.peer_address for spec in self.specs.values()})
+
+    def admin(self, method: str) -> tuple[tuple[str, str], ...]:
+        """Metadata for an admin call of the Cluster service (e.g. "JoinNode")."""
+        return admin_metadata(self.credential(), method)
+
     def index_of(self, node_id: str) -> int:
         for i, spec in self.specs.items():
             if spec.node_id == node_id:
@@ -163,15 +196,25 @@ class LocalCluster:
         raise KeyError(f"no node {node_id!r} in this cluster")
 
     def channel(self, i: int) -> grpc.Channel:
-        """A sync channel to node i, kept until the node is stopped."""
+        """A sync channel to node i, kept until the node is stopped. Admin calls of the
+        Cluster service on it carry the cluster credential (`raw_channel` for none)."""
         if i not in self._channels:
-            self._channels[i] = grpc.insecure_channel(self.address(i))
+            self._channels[i] = grpc.intercept_channel(
+                grpc.insecure_channel(self.address(i)), _AdminTokens(self.credential()))
         return self._channels[i]
 
     def _close_channel(self, i: int) -> None:
-        channel = self._channels.pop(i, None)
-        if channel is not None:
-            channel.close()
+        for channels in (self._channels, self._peer_channels):
+            channel = channels.pop(i, None)
+            if channel is not None:
+                channel.close()
+
+    def replication(self, i: int) -> replication_pb2_grpc.ReplicationStub:
+        """Node i's peer listener (ReadLocal, GetReplicaState...), every call signed."""
+        if i not in self._peer_channels:
+            self._peer_channels[i] = grpc.intercept_channel(
+                grpc.insecure_channel(self.peer_address(i)), _PeerTokens(self.credential()))
+        return replication_pb2_grpc.ReplicationStub(self._peer_channels[i])
 
     def streams(self, i: int) -> streams_pb2_grpc.StreamsStub:
         return streams_pb2_grpc.StreamsStub(self.channel(i))
@@ -227,6 +270,46 @@ class LocalCluster:
         predicate: Callable[[], bool], timeout_s: float, *, what: str = "condition"
     ) -> None:
         _wait_until(predicate, timeout_s, what=what)
+
+
+class _AdminTokens(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Signs the Cluster service's admin calls (the ones that change the cluster)."""
+
+    def __init__(self, credential: Credential) -> None:
+        self._credential = credential
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        method = str(details.method)
+        if method.startswith(_CLUSTER_PREFIX) and method[len(_CLUSTER_PREFIX):] in ADMIN_METHODS:
+            metadata = [*(details.metadata or ()),
+                        *admin_metadata(self._credential, method[len(_CLUSTER_PREFIX):])]
+            details = _CallDetails(details.method, details.timeout, metadata,
+                                   details.credentials, details.wait_for_ready,
+                                   details.compression)
+        return continuation(details, request)
+
+
+class _PeerTokens(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Signs every call with a peer token, as a member would."""
+
+    def __init__(self, credential: Credential) -> None:
+        self._credential = credential
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        token = self._credential.token(principal="test", method=str(details.method))
+        metadata = [*(details.metadata or ()), (PEER_TOKEN_HEADER, token)]
+        return continuation(_CallDetails(details.method, details.timeout, metadata,
+                                         details.credentials, details.wait_for_ready,
+                                         details.compression), request)
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                         "compression")), grpc.ClientCallDetails):
+    pass
+
+
+_CLUSTER_PREFIX = "/raftlog.v1.Cluster/"
 
 
 @contextlib.contextmanager

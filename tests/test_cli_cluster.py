@@ -42,15 +42,19 @@ class Run:
 class Cli:
     """cli("stream", "ls") runs `raftlog --server <address> stream ls` in this process."""
 
-    def __init__(self, address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def __init__(self, address: str, capsys: pytest.CaptureFixture[str], *,
+                 secret_file: Path | None = None) -> None:
         self.address = address
         self.capsys = capsys
+        self.options = ["--server", address]
+        if secret_file is not None:
+            self.options += ["--secret-file", str(secret_file)]
 
     def __call__(self, *args: str, stdin: str | None = None) -> Run:
         if stdin is not None:
             sys.stdin = io.StringIO(stdin)
         try:
-            code = main(["--server", self.address, *args])
+            code = main([*self.options, *args])
         finally:
             sys.stdin = sys.__stdin__
         captured = self.capsys.readouterr()
@@ -59,7 +63,7 @@ class Cli:
 
 @pytest.fixture
 def cli(cluster3: LocalCluster, capsys: pytest.CaptureFixture[str]) -> Cli:
-    return Cli(cluster3.address(1), capsys)
+    return Cli(cluster3.address(1), capsys, secret_file=cluster3.secret_path)
 
 
 @pytest.fixture

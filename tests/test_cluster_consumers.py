@@ -13,6 +13,7 @@ Processes are signalled by pid through the `cluster3` fixture, which stops them 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import grpc
@@ -139,9 +140,19 @@ def _fetch(cluster: LocalCluster, i: int, *, batch: int, max_wait_ms: int) -> li
 
 
 def _ack(cluster: LocalCluster, i: int, seqs: list[int]) -> consumers_pb2.AckResponse:
-    reply: consumers_pb2.AckResponse = cluster.consumers(i).Ack(consumers_pb2.AckRequest(
-        stream=STREAM, consumer=CONSUMER, seqs=seqs), timeout=call_timeout_s)
-    return reply
+    """Acks, retrying while the node answers UNAVAILABLE (right after a failover the new
+    primary may still be loading the consumer: CATCHING_UP), as a client would."""
+    deadline = time.monotonic() + failover_timeout_s
+    while True:
+        try:
+            reply: consumers_pb2.AckResponse = cluster.consumers(i).Ack(
+                consumers_pb2.AckRequest(stream=STREAM, consumer=CONSUMER, seqs=seqs),
+                timeout=call_timeout_s)
+            return reply
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def test_acks_of_what_a_killed_primary_delivered_are_accepted_per_seq(

@@ -8,7 +8,6 @@ StreamEngine on RocksDB in tmp_path, no sockets. Each test is named after the ru
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from raftlog.node.existence import ExistenceCheck
 from raftlog.node.storage import GroupCommitter, Storage
 from raftlog.node.streams import StreamEngine
 from raftlog.raft import commands as c
-from raftlog.raft.api import GroupStatus, ensure_ok
+from raftlog.raft.api import ensure_ok
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
 
@@ -36,12 +35,7 @@ test_timeout_s = 10.0
 
 
 class Group(MemoryRaftGroup):
-    """The in-memory group, with a switch for 'has not caught up since start'."""
-
-    ready = True
-
-    def status(self) -> GroupStatus:
-        return dataclasses.replace(super().status(), ready=self.ready)
+    """The in-memory group."""
 
 
 @dataclass
@@ -67,7 +61,7 @@ class Env:
 
 
 @asynccontextmanager
-async def cluster_env(tmp_path: Path) -> AsyncIterator[Env]:
+async def cluster_env(tmp_path: Path, *, caught_up: bool = True) -> AsyncIterator[Env]:
     clock = FakeClock()
     group = Group(clock=clock)
     storage = Storage(tmp_path / "data")
@@ -84,6 +78,8 @@ async def cluster_env(tmp_path: Path) -> AsyncIterator[Env]:
     env = Env(group=group, cluster=cluster, check=ExistenceCheck(cluster))
     await env.propose(c.member_join(node_id=NODE, raft_address="127.0.0.1:7000",
                                     grpc_address="127.0.0.1:7001"))
+    if caught_up:
+        await cluster.catch_up()  # what ClusterNode.start does: a Barrier committed after start
     try:
         yield env
     finally:
@@ -94,9 +90,10 @@ async def cluster_env(tmp_path: Path) -> AsyncIterator[Env]:
         storage.close()
 
 
-def run(tmp_path: Path, body: Callable[[Env], Awaitable[None]]) -> None:
+def run(tmp_path: Path, body: Callable[[Env], Awaitable[None]], *,
+        caught_up: bool = True) -> None:
     async def main() -> None:
-        async with cluster_env(tmp_path) as env:
+        async with cluster_env(tmp_path, caught_up=caught_up) as env:
             await body(env)
 
     asyncio.run(asyncio.wait_for(main(), test_timeout_s))
@@ -115,9 +112,7 @@ def consumer_not_found(name: str) -> RaftlogError:
 def test_a_node_that_lags_the_metadata_answers_catching_up_not_not_found(
         tmp_path: Path, lag: str) -> None:
     async def body(env: Env) -> None:
-        if lag == "not_caught_up":
-            env.group.ready = False
-        else:
+        if lag == "no_leader":
             env.group.set_leader(False)
         proposals = env.group.proposals
         answer = await env.confirm(consumer_not_found("c1"), consumer="c1")
@@ -125,7 +120,7 @@ def test_a_node_that_lags_the_metadata_answers_catching_up_not_not_found(
         assert answer.status.name == "UNAVAILABLE" and "retry_after_ms" in answer.metadata
         assert env.group.proposals == proposals  # no barrier: it could not commit
 
-    run(tmp_path, body)
+    run(tmp_path, body, caught_up=lag != "not_caught_up")
 
 
 def test_a_stream_the_metadata_has_is_created_here_and_the_answer_is_catching_up(
@@ -172,23 +167,19 @@ def test_not_found_stands_once_a_barrier_confirms_it(tmp_path: Path) -> None:
 
 def test_other_errors_pass_through_untouched(tmp_path: Path) -> None:
     async def body(env: Env) -> None:
-        env.group.ready = False
         error = RaftlogError(Reason.NOT_DELIVERED, "not delivered", seq=3)
         assert await env.confirm(error) is error
 
-    run(tmp_path, body)
+    run(tmp_path, body, caught_up=False)
 
 
 def test_the_router_refuses_to_serve_locally_before_catching_up(tmp_path: Path) -> None:
     async def body(env: Env) -> None:
         await env.create_stream()
-        env.group.ready = False
         with pytest.raises(RaftlogError) as caught:
             env.cluster.primary_address(STREAM)
         assert caught.value.reason is Reason.CATCHING_UP
-        env.group.ready = True
-        assert env.cluster.primary_address(STREAM) is None
-        env.group.ready = False  # caught up once: for good
+        await env.cluster.catch_up()
         assert env.cluster.primary_address(STREAM) is None
 
-    run(tmp_path, body)
+    run(tmp_path, body, caught_up=False)

@@ -174,7 +174,7 @@ async def _scenario(cluster: LocalCluster, *, stream: str, fault: Fault,
         raise
     report = await wl.audit(load.addresses, stream, seed=seed, published=published,
                             consumed=consumed, replicas_required=3,
-                            converge_timeout_s=converge_timeout_s)
+                            converge_timeout_s=converge_timeout_s, peer=cluster.peer_access())
     if report.ok:  # check() printed a failed report, with its seed
         print(report.summary())
     for history in consumed:

@@ -63,20 +63,23 @@ def _down_quietly(data_dir: Path) -> None:
 # Without processes.
 
 
-def test_plan_gives_each_node_two_adjacent_ports_and_the_others_as_peers(tmp_path: Path) -> None:
+def test_plan_gives_each_node_three_adjacent_ports_and_the_others_as_peers(
+    tmp_path: Path,
+) -> None:
     specs = localcluster.plan(nodes=3, base_port=7400, data_dir=tmp_path)
-    assert [(s.node_id, s.grpc_address, s.raft_address) for s in specs] == [
-        ("n1", "127.0.0.1:7400", "127.0.0.1:7401"),
-        ("n2", "127.0.0.1:7402", "127.0.0.1:7403"),
-        ("n3", "127.0.0.1:7404", "127.0.0.1:7405"),
+    assert [(s.node_id, s.grpc_address, s.raft_address, s.peer_address) for s in specs] == [
+        ("n1", "127.0.0.1:7400", "127.0.0.1:7401", "127.0.0.1:7402"),
+        ("n2", "127.0.0.1:7403", "127.0.0.1:7404", "127.0.0.1:7405"),
+        ("n3", "127.0.0.1:7406", "127.0.0.1:7407", "127.0.0.1:7408"),
     ]
-    assert specs[1].peers == ("127.0.0.1:7401", "127.0.0.1:7405")
+    assert specs[1].peers == ("127.0.0.1:7401", "127.0.0.1:7407")
     assert specs[0].data_dir == tmp_path.resolve() / "n1"
     command = localcluster.node_command(specs[0], secret_file=None, python="py")
     assert command == [
         "py", "-m", "raftlog.node.cli", "node", "--data", str(tmp_path.resolve() / "n1"),
-        "--grpc", "127.0.0.1:7400", "--raft", "127.0.0.1:7401", "--node-id", "n1",
-        "--peers", "127.0.0.1:7403,127.0.0.1:7405",
+        "--grpc", "127.0.0.1:7400", "--raft", "127.0.0.1:7401", "--peer", "127.0.0.1:7402",
+        "--node-id", "n1", "--peers", "127.0.0.1:7404,127.0.0.1:7407",
+        "--secret-file", str(tmp_path.resolve() / "cluster.secret"),
     ]  # fmt: skip
 
 
@@ -249,16 +252,32 @@ def test_a_node_that_exits_while_starting_is_reported_with_its_log(
     tmp_path: Path, base_port: int
 ) -> None:
     data_dir = tmp_path / "cluster"
-    secret = tmp_path / "empty-secret"
-    secret.write_text("")  # `raftlog node` refuses an empty secret file and exits 2
+    data_dir.mkdir()
+    (data_dir / "n1.tmp").write_text("")
     try:
-        nodes = localcluster.up(nodes=1, base_port=base_port, data_dir=data_dir, secret_file=secret)
+        # `raftlog node` cannot open its data directory where a file is: it exits 1.
+        nodes = localcluster.up(nodes=1, base_port=base_port, data_dir=data_dir, secret_file=None)
+        (data_dir / "n1").rmdir()
+        (data_dir / "n1.tmp").rename(data_dir / "n1")
         with pytest.raises(LocalClusterError) as caught:
             localcluster.wait_serving(nodes, serving_timeout_s)
         assert caught.value.reason is Refusal.START_FAILED
-        assert "empty" in caught.value.message
     finally:
         _down_quietly(data_dir)
+
+
+def test_a_weak_or_empty_secret_file_is_refused_before_anything_starts(
+    tmp_path: Path, base_port: int
+) -> None:
+    data_dir = tmp_path / "cluster"
+    for text in ("", "password" * 8):
+        secret = tmp_path / "weak-secret"
+        secret.write_text(text)
+        with pytest.raises(LocalClusterError) as caught:
+            localcluster.up(nodes=1, base_port=base_port, data_dir=data_dir, secret_file=secret)
+        assert caught.value.reason is Refusal.INVALID_ARGUMENT
+        assert "secret" in caught.value.message
+        assert localcluster.status(data_dir) == []
 
 
 # ---------------------------------------------------------------------------------------------

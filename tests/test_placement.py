@@ -59,9 +59,7 @@ def assert_acked_present(cluster: LocalCluster, stream: str, acked: dict[int, by
 
 
 def local_copy(cluster: LocalCluster, i: int, stream: str) -> dict[int, bytes]:
-    from raftlog.v1 import replication_pb2_grpc
-
-    reply = replication_pb2_grpc.ReplicationStub(cluster.channel(i)).ReadLocal(
+    reply = cluster.replication(i).ReadLocal(
         replication_pb2.ReadLocalRequest(stream=stream, limit=10_000), timeout=call_timeout_s)
     return {m.seq: storage_pb2.StoredMessage.FromString(m.stored).payload
             for m in reply.messages}

@@ -1,7 +1,8 @@
 """Subscribe resource bounds against real node processes (issue 10, item 10): Subscribe calls
-whose client never reads cost a node a bounded amount of memory, and a node holds at most
-limits.subscriptions_max of them: beyond it Subscribe fails with RESOURCE_EXHAUSTED /
-TOO_MANY_SUBSCRIPTIONS, and a slot frees up when a call ends.
+whose client never reads cost a node a bounded amount of memory (served locally, and relayed
+by a node that is not the stream's primary), and a node holds at most limits.subscriptions_max
+of them: beyond it Subscribe fails with RESOURCE_EXHAUSTED / TOO_MANY_SUBSCRIPTIONS, and a slot
+frees up when a call ends.
 
 The clients are raw channels without gRPC's BDP probe, so that each call's receive window stays
 at 64 KiB and whatever piles up does so in the node, not in this process. Before the fix, each
@@ -21,12 +22,14 @@ import grpc
 from raftlog.node import limits, rpc
 from raftlog.node.errors import Reason
 from raftlog.v1 import (
+    cluster_pb2,
     consumers_pb2,
     consumers_pb2_grpc,
     streams_pb2,
     streams_pb2_grpc,
     types_pb2,
 )
+from tests.clusterproc import LocalCluster
 from tests.nodeproc import NodeProcess, wait_until
 
 call_timeout_s = 10.0
@@ -111,6 +114,34 @@ def test_unread_subscriptions_hold_bounded_memory(node_proc: NodeProcess) -> Non
     print(f"served: rss {before:.0f} MiB, +{growth:.1f} MiB with {subscriptions} unread calls;"
           f" delivered per consumer {min(delivered)}..{max(delivered)}")
     assert growth < rss_growth_mib_max, (growth, delivered)
+
+
+def test_unread_relayed_subscriptions_hold_bounded_memory_on_the_relay(
+        cluster3: LocalCluster) -> None:
+    consumers = cluster3.consumers(1)
+    names = _fill(cluster3.streams(1), consumers, stream="relayed", replicas=1)
+    route = cluster3.cluster(1).ExplainRoute(cluster_pb2.ExplainRouteRequest(stream="relayed"),
+                                             timeout=call_timeout_s)
+    primary = cluster3.index_of(route.primary)
+    relay = min(i for i in cluster3.running if i != primary)
+    pids = {i: cluster3.node(i).pid for i in (relay, primary)}
+    before = {i: rss_mib(pid) for i, pid in pids.items()}
+    requests = [consumers_pb2.SubscribeRequest(stream="relayed", consumer=n) for n in names]
+    with unread_calls(cluster3.address(relay), requests):
+        delivered = _wait_delivery_settles(consumers, "relayed", names)
+        growth = {i: rss_mib(pid) - before[i] for i, pid in pids.items()}
+    print(f"relayed: +{growth[relay]:.1f} MiB on the relay, +{growth[primary]:.1f} MiB on the "
+          f"primary with {subscriptions} unread calls; delivered {min(delivered)}.."
+          f"{max(delivered)}")
+    assert max(growth.values()) < rss_growth_mib_max, (growth, delivered)
+    # A relayed subscription that is read still gets everything, in order.
+    consumers.CreateConsumer(consumers_pb2.CreateConsumerRequest(
+        stream="relayed", config=consumers_pb2.ConsumerConfig(name="reader")),
+        timeout=call_timeout_s)
+    events = cluster3.consumers(relay).Subscribe(consumers_pb2.SubscribeRequest(
+        stream="relayed", consumer="reader", stop_when_empty=True), timeout=call_timeout_s)
+    seqs = [event.message.seq for event in events if event.HasField("message")]
+    assert seqs == list(range(1, 65)), seqs
 
 
 def _probe(channel: grpc.Channel) -> grpc.StatusCode:

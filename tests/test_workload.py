@@ -341,7 +341,7 @@ def test_no_fault_on_three_nodes_leaves_three_identical_replicas(cluster3: Local
     async def scenario() -> wl.Report:
         unary, batch, _ = await _run(addresses, "same3", replicas=3, consumer=False)
         return await wl.audit(addresses, "same3", seed=seed, published=[unary, batch],
-                              replicas_required=3)
+                              replicas_required=3, peer=cluster3.peer_access())
 
     report = asyncio.run(scenario())
     assert report.ok, report.summary()

@@ -47,6 +47,7 @@ from typing import Any
 import grpc
 
 from raftlog.node.batches import expand_results
+from raftlog.node.credentials import PEER_TOKEN_HEADER, Credential
 from raftlog.node.rpc import from_rpc_error
 from raftlog.v1 import (
     cluster_pb2,
@@ -94,6 +95,19 @@ CHANNEL_OPTIONS = [
 ]
 
 
+class _NoPeerAccess(grpc.RpcError):
+    """The collectors were not given the peer listener of a node (single-node mode)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNIMPLEMENTED
+
+    def details(self) -> str:
+        return str(self)
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
 def seed_from_env(default: int | None = None) -> int:
     """$RAFTLOG_WORKLOAD_SEED, else `default`, else a fresh random seed."""
     text = os.environ.get(SEED_ENV, "")
@@ -127,15 +141,52 @@ def error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+@dataclass(frozen=True)
+class PeerAccess:
+    """How to reach the nodes' peer listeners (node-to-node services: ReadLocal,
+    GetReplicaState): each node's peer address by its gRPC address, and the cluster
+    credential that signs the calls."""
+
+    credential: Credential
+    peer_of: dict[str, str]
+
+
+class _PeerStub:
+    """The Replication calls the collectors make, on a node's peer listener, signed."""
+
+    def __init__(self, channel: grpc.aio.Channel, credential: Credential) -> None:
+        self._stub: Any = replication_pb2_grpc.ReplicationStub(channel)  # type: ignore[no-untyped-call]
+        self._credential = credential
+
+    def _metadata(self, method: str) -> tuple[tuple[str, str], ...]:
+        path = f"/raftlog.v1.Replication/{method}"
+        return ((PEER_TOKEN_HEADER, self._credential.token(principal="workload", method=path)),)
+
+    async def ReadLocal(self, request: replication_pb2.ReadLocalRequest, *,
+                        timeout: float) -> replication_pb2.ReadLocalResponse:
+        reply: replication_pb2.ReadLocalResponse = await self._stub.ReadLocal(
+            request, timeout=timeout, metadata=self._metadata("ReadLocal"))
+        return reply
+
+    async def GetReplicaState(self, request: replication_pb2.GetReplicaStateRequest, *,
+                              timeout: float) -> replication_pb2.ReplicaState:
+        reply: replication_pb2.ReplicaState = await self._stub.GetReplicaState(
+            request, timeout=timeout, metadata=self._metadata("GetReplicaState"))
+        return reply
+
+
 class Nodes:
     """grpc.aio channels to a list of nodes, one of them current; `rotate` moves on. Create
-    and use it inside one event loop; `close` it there."""
+    and use it inside one event loop; `close` it there. With `peer`, `replication(address)`
+    reaches the node's peer listener."""
 
-    def __init__(self, addresses: Sequence[str], *, start: int = 0) -> None:
+    def __init__(self, addresses: Sequence[str], *, start: int = 0,
+                 peer: PeerAccess | None = None) -> None:
         if not addresses:
             raise ValueError("at least one node address is needed")
         self.addresses = list(addresses)
         self.index = start % len(self.addresses)
+        self.peer = peer
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     @property
@@ -161,8 +212,13 @@ class Nodes:
     def cluster(self, address: str | None = None) -> Any:
         return cluster_pb2_grpc.ClusterStub(self.channel(address))  # type: ignore[no-untyped-call]
 
-    def replication(self, address: str | None = None) -> Any:
-        return replication_pb2_grpc.ReplicationStub(self.channel(address))  # type: ignore[no-untyped-call]
+    def replication(self, address: str | None = None) -> _PeerStub:
+        """The node's Replication service; UNAVAILABLE-like failure (a grpc error) when this
+        has no peer access or does not know the node's peer address."""
+        address = address or self.current
+        if self.peer is None or address not in self.peer.peer_of:
+            raise _NoPeerAccess(f"no peer access to {address}")
+        return _PeerStub(self.channel(self.peer.peer_of[address]), self.peer.credential)
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
@@ -731,11 +787,12 @@ class ReplicaSurvey:
 
 
 async def read_replicas(addresses: Sequence[str], stream: str, *,
-                        call_timeout_s: float = 5.0) -> ReplicaSurvey:
-    """ReadLocal on every node in `addresses`; nodes without a copy, unreachable, or not
-    serving ReadLocal are left out and named in `notes`."""
+                        call_timeout_s: float = 5.0,
+                        peer: PeerAccess | None = None) -> ReplicaSurvey:
+    """ReadLocal on every node in `addresses` (on its peer listener, through `peer`); nodes
+    without a copy, unreachable, or not serving ReadLocal are left out and named in `notes`."""
     survey = ReplicaSurvey()
-    nodes = Nodes(addresses)
+    nodes = Nodes(addresses, peer=peer)
     try:
         try:
             route = await _rpc(nodes, "cluster", "ExplainRoute",
@@ -782,11 +839,12 @@ async def _read_copy(nodes: Nodes, address: str, stream: str, *,
 
 
 async def wait_replicas_converged(addresses: Sequence[str], stream: str, *, copies_min: int,
-                                  timeout_s: float, clock: Clock = time.monotonic) -> bool:
+                                  timeout_s: float, clock: Clock = time.monotonic,
+                                  peer: PeerAccess | None = None) -> bool:
     """Until at least `copies_min` nodes hold the stream with one last_seq equal to one
     commit_seq (nothing in flight, nobody behind); False at the timeout or when the nodes do
     not serve GetReplicaState."""
-    nodes = Nodes(addresses)
+    nodes = Nodes(addresses, peer=peer)
     request = replication_pb2.GetReplicaStateRequest(stream=stream)
 
     async def converged() -> bool:
@@ -816,11 +874,12 @@ async def wait_replicas_converged(addresses: Sequence[str], stream: str, *, copi
 
 
 async def wait_caught_up(addresses: Sequence[str], stream: str, *, replica: str,
-                         timeout_s: float, clock: Clock = time.monotonic) -> float | None:
+                         timeout_s: float, clock: Clock = time.monotonic,
+                         peer: PeerAccess | None = None) -> float | None:
     """Until the node at address `replica` holds everything its stream's primary had
     committed when asked just before it (so it works under a steady publisher); seconds
     taken, or None at the timeout."""
-    nodes = Nodes(addresses)
+    nodes = Nodes(addresses, peer=peer)
     request = replication_pb2.GetReplicaStateRequest(stream=stream)
     started = clock()
     try:
@@ -1107,13 +1166,15 @@ def _ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
 async def audit(addresses: Sequence[str], stream: str, *, seed: int,
                 published: Sequence[PublishHistory] = (), consumed: Sequence[ConsumeHistory] = (),
                 replicas_required: int = 0, converge_timeout_s: float = 10.0,
-                quiet: bool = False) -> Report:
+                quiet: bool = False, peer: PeerAccess | None = None) -> Report:
     """Collects (after waiting up to `converge_timeout_s` for the replicas to agree on their
-    last seq) and checks. With replicas_required > 0 the full primary prefix is compared."""
+    last seq) and checks. With replicas_required > 0 the full primary prefix is compared;
+    that needs `peer` (the nodes' peer listeners and the cluster credential)."""
     converged = replicas_required == 0 or await wait_replicas_converged(
-        addresses, stream, copies_min=replicas_required, timeout_s=converge_timeout_s)
+        addresses, stream, copies_min=replicas_required, timeout_s=converge_timeout_s,
+        peer=peer)
     contents = await read_stream(addresses, stream)
-    survey = await read_replicas(addresses, stream)
+    survey = await read_replicas(addresses, stream, peer=peer)
     if not converged:
         survey.notes.append(f"{replicas_required} replicas did not agree on one last and commit "
                             f"seq within {converge_timeout_s} s")

@@ -81,6 +81,7 @@ class NodeStatus(_message.Message):
     JOINED_MS_FIELD_NUMBER: _builtins.int
     PRIMARIES_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    PEER_ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     raft_address: _builtins.str
     grpc_address: _builtins.str
@@ -92,6 +93,7 @@ class NodeStatus(_message.Message):
     primaries: _builtins.int
     """Streams whose primary this node is."""
     replicas: _builtins.int
+    peer_address: _builtins.str
     def __init__(
         self,
         *,
@@ -104,10 +106,11 @@ class NodeStatus(_message.Message):
         joined_ms: _builtins.int = ...,
         primaries: _builtins.int = ...,
         replicas: _builtins.int = ...,
+        peer_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "grpc_address", b"grpc_address", "health", b"health", "joined_ms", b"joined_ms", "node_id", b"node_id", "primaries", b"primaries", "raft_address", b"raft_address", "raft_leader", b"raft_leader", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "grpc_address", b"grpc_address", "health", b"health", "joined_ms", b"joined_ms", "node_id", b"node_id", "peer_address", b"peer_address", "primaries", b"primaries", "raft_address", b"raft_address", "raft_leader", b"raft_leader", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -172,19 +175,25 @@ class JoinNodeRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
     GRPC_ADDRESS_FIELD_NUMBER: _builtins.int
+    PEER_ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     raft_address: _builtins.str
     grpc_address: _builtins.str
+    peer_address: _builtins.str
+    """The node's peer listener; it must answer there with the cluster credential before it is
+    added.
+    """
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         raft_address: _builtins.str = ...,
         grpc_address: _builtins.str = ...,
+        peer_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "node_id", b"node_id", "raft_address", b"raft_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "node_id", b"node_id", "peer_address", b"peer_address", "raft_address", b"raft_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

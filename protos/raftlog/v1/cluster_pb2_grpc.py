@@ -102,8 +102,11 @@ class ClusterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def JoinNode(self, request, context):
-        """Adds a node (one membership change at a time). Start the node after this returns, with
-        --peers naming the existing members.
+        """Adds a node (one membership change at a time). Start the node first, with --peers naming
+        the existing members: it is added to the Raft group only after it answered on its peer
+        listener with the cluster credential, and the call returns once it has caught up.
+        Requires the cluster credential (metadata raftlog-admin-token), as every call that changes
+        membership or placement does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

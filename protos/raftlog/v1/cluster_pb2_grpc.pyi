@@ -36,8 +36,11 @@ class ClusterStub:
     GetClusterStatus: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.GetClusterStatusRequest, _cluster_pb2.ClusterStatus]
     """Members, the Raft leader, terms and each node's health, as this node sees them."""
     JoinNode: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.JoinNodeRequest, _cluster_pb2.ClusterStatus]
-    """Adds a node (one membership change at a time). Start the node after this returns, with
-    --peers naming the existing members.
+    """Adds a node (one membership change at a time). Start the node first, with --peers naming
+    the existing members: it is added to the Raft group only after it answered on its peer
+    listener with the cluster credential, and the call returns once it has caught up.
+    Requires the cluster credential (metadata raftlog-admin-token), as every call that changes
+    membership or placement does.
     """
     LeaveNode: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.LeaveNodeRequest, _cluster_pb2.ClusterStatus]
     """Removes a node that holds no stream; stop the node after this returns."""
@@ -63,8 +66,11 @@ class ClusterAsyncStub(ClusterStub):
     GetClusterStatus: _aio.UnaryUnaryMultiCallable[_cluster_pb2.GetClusterStatusRequest, _cluster_pb2.ClusterStatus]  # type: ignore[assignment]
     """Members, the Raft leader, terms and each node's health, as this node sees them."""
     JoinNode: _aio.UnaryUnaryMultiCallable[_cluster_pb2.JoinNodeRequest, _cluster_pb2.ClusterStatus]  # type: ignore[assignment]
-    """Adds a node (one membership change at a time). Start the node after this returns, with
-    --peers naming the existing members.
+    """Adds a node (one membership change at a time). Start the node first, with --peers naming
+    the existing members: it is added to the Raft group only after it answered on its peer
+    listener with the cluster credential, and the call returns once it has caught up.
+    Requires the cluster credential (metadata raftlog-admin-token), as every call that changes
+    membership or placement does.
     """
     LeaveNode: _aio.UnaryUnaryMultiCallable[_cluster_pb2.LeaveNodeRequest, _cluster_pb2.ClusterStatus]  # type: ignore[assignment]
     """Removes a node that holds no stream; stop the node after this returns."""
@@ -99,8 +105,11 @@ class ClusterServicer(metaclass=_abc_1.ABCMeta):
         request: _cluster_pb2.JoinNodeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cluster_pb2.ClusterStatus, _abc.Awaitable[_cluster_pb2.ClusterStatus]]:
-        """Adds a node (one membership change at a time). Start the node after this returns, with
-        --peers naming the existing members.
+        """Adds a node (one membership change at a time). Start the node first, with --peers naming
+        the existing members: it is added to the Raft group only after it answered on its peer
+        listener with the cluster credential, and the call returns once it has caught up.
+        Requires the cluster credential (metadata raftlog-admin-token), as every call that changes
+        membership or placement does.
         """
 
     @_abc_1.abstractmethod

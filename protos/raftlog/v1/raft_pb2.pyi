@@ -75,6 +75,7 @@ class RaftCommand(_message.Message):
     CONSUMER_DELETE_FIELD_NUMBER: _builtins.int
     CONSUMER_STATE_UPDATE_FIELD_NUMBER: _builtins.int
     BARRIER_FIELD_NUMBER: _builtins.int
+    STREAM_PROMOTES_FIELD_NUMBER: _builtins.int
     now_ms: _builtins.int
     """Proposer's wall clock, ms since the Unix epoch; stamped by RaftGroup.propose when 0."""
     @_builtins.property
@@ -105,6 +106,8 @@ class RaftCommand(_message.Message):
     def consumer_state_update(self) -> Global___ConsumerStateUpdate: ...
     @_builtins.property
     def barrier(self) -> Global___Barrier: ...
+    @_builtins.property
+    def stream_promotes(self) -> Global___StreamPromotes: ...
     def __init__(
         self,
         *,
@@ -123,12 +126,13 @@ class RaftCommand(_message.Message):
         consumer_delete: Global___ConsumerDelete | None = ...,
         consumer_state_update: Global___ConsumerStateUpdate | None = ...,
         barrier: Global___Barrier | None = ...,
+        stream_promotes: Global___StreamPromotes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_update", b"stream_update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_promotes", b"stream_promotes", "stream_update", b"stream_update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "now_ms", b"now_ms", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_update", b"stream_update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "now_ms", b"now_ms", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_promotes", b"stream_promotes", "stream_update", b"stream_update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["member_join", "member_leave", "member_set_status", "stream_create", "stream_update", "stream_delete", "authority_set_override", "authority_clear_override", "authority_set_pinned", "stream_promote", "consumer_create", "consumer_delete", "consumer_state_update", "barrier"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["member_join", "member_leave", "member_set_status", "stream_create", "stream_update", "stream_delete", "authority_set_override", "authority_clear_override", "authority_set_pinned", "stream_promote", "consumer_create", "consumer_delete", "consumer_state_update", "barrier", "stream_promotes"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -143,19 +147,23 @@ class MemberJoin(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     RAFT_ADDRESS_FIELD_NUMBER: _builtins.int
     GRPC_ADDRESS_FIELD_NUMBER: _builtins.int
+    PEER_ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     raft_address: _builtins.str
     grpc_address: _builtins.str
+    peer_address: _builtins.str
+    """host:port of the node's peer listener (node-to-node services)."""
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         raft_address: _builtins.str = ...,
         grpc_address: _builtins.str = ...,
+        peer_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "node_id", b"node_id", "raft_address", b"raft_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "node_id", b"node_id", "peer_address", b"peer_address", "raft_address", b"raft_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -532,6 +540,31 @@ class ConsumerProgress(_message.Message):
 Global___ConsumerProgress: _TypeAlias = ConsumerProgress  # noqa: Y015
 
 @_typing.final
+class StreamPromotes(_message.Message):
+    """Many failovers in one entry (all the streams a lost node led): each promote is applied on its
+    own, as a StreamPromote would be; a rejected one is reported in RaftResult.skipped (with the
+    stream and the reason) and does not stop the others.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMOTES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def promotes(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamPromote]: ...
+    def __init__(
+        self,
+        *,
+        promotes: _abc.Iterable[Global___StreamPromote] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["promotes", b"promotes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamPromotes: _TypeAlias = StreamPromotes  # noqa: Y015
+
+@_typing.final
 class Barrier(_message.Message):
     """Changes nothing; its commit is a point every later read on the proposer can rely on."""
 
@@ -642,12 +675,14 @@ class MemberRecord(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     SINCE_MS_FIELD_NUMBER: _builtins.int
     JOINED_MS_FIELD_NUMBER: _builtins.int
+    PEER_ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     raft_address: _builtins.str
     grpc_address: _builtins.str
     status: Global___MemberStatus.ValueType
     since_ms: _builtins.int
     joined_ms: _builtins.int
+    peer_address: _builtins.str
     def __init__(
         self,
         *,
@@ -657,10 +692,11 @@ class MemberRecord(_message.Message):
         status: Global___MemberStatus.ValueType = ...,
         since_ms: _builtins.int = ...,
         joined_ms: _builtins.int = ...,
+        peer_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "joined_ms", b"joined_ms", "node_id", b"node_id", "raft_address", b"raft_address", "since_ms", b"since_ms", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grpc_address", b"grpc_address", "joined_ms", b"joined_ms", "node_id", b"node_id", "peer_address", b"peer_address", "raft_address", b"raft_address", "since_ms", b"since_ms", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

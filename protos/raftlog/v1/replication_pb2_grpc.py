@@ -54,6 +54,11 @@ class ReplicationStub:
                 request_serializer=raftlog_dot_v1_dot_replication__pb2.PingRequest.SerializeToString,
                 response_deserializer=raftlog_dot_v1_dot_replication__pb2.PingReply.FromString,
                 _registered_method=True)
+        self.Survey = channel.unary_unary(
+                '/raftlog.v1.Replication/Survey',
+                request_serializer=raftlog_dot_v1_dot_replication__pb2.SurveyRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_replication__pb2.SurveyReply.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -80,7 +85,16 @@ class ReplicationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Ping(self, request, context):
-        """Liveness probe between nodes.
+        """Liveness probe between nodes; answered by the event loop that serves requests, so a node
+        whose loop is stuck does not answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Survey(self, request, context):
+        """The positions of many streams at once, each first fenced at its `fence_epoch` when that is
+        set: one call per node for every stream a failover or repair is about.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +122,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=raftlog_dot_v1_dot_replication__pb2.PingRequest.FromString,
                     response_serializer=raftlog_dot_v1_dot_replication__pb2.PingReply.SerializeToString,
+            ),
+            'Survey': grpc.unary_unary_rpc_method_handler(
+                    servicer.Survey,
+                    request_deserializer=raftlog_dot_v1_dot_replication__pb2.SurveyRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_replication__pb2.SurveyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -218,6 +237,33 @@ class Replication:
             '/raftlog.v1.Replication/Ping',
             raftlog_dot_v1_dot_replication__pb2.PingRequest.SerializeToString,
             raftlog_dot_v1_dot_replication__pb2.PingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Survey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Replication/Survey',
+            raftlog_dot_v1_dot_replication__pb2.SurveyRequest.SerializeToString,
+            raftlog_dot_v1_dot_replication__pb2.SurveyReply.FromString,
             options,
             channel_credentials,
             insecure,
