@@ -40,6 +40,7 @@ watch_queue_max = 10_000  # events buffered per watcher; a slower watcher is dro
 retry_after_ms = 250  # hint sent with NO_LEADER
 ready_poll_s = 0.05  # while waiting for the metadata to catch up after a start
 catch_up_attempt_s = 2.0  # one attempt to commit the start-up Barrier
+no_leader_wait_s = 0.5  # a metadata call waits this long for a leader, then NO_LEADER
 trouble_scan_period_s = 0.25  # how often the local copies are checked against the metadata
 trouble_grace_s = 0.5  # a trouble is reported once it has lasted this long
 
@@ -150,6 +151,7 @@ class ClusterNode:
         """Commits a command; the rejection (or the failure to commit) as RaftlogError."""
         command.now_ms = command.now_ms or self.clock.wall_ms()
         timeout = min(timeout_s or propose_timeout_s, propose_timeout_s)
+        await self._wait_for_leader(min(timeout, no_leader_wait_s))
         try:
             result = await self.group.propose(command, timeout_s=timeout)
         except RaftlogError as err:
@@ -157,6 +159,17 @@ class ClusterNode:
                 err.metadata.setdefault("retry_after_ms", str(retry_after_ms))
             raise
         return ensure_ok(result)
+
+    async def _wait_for_leader(self, timeout_s: float) -> None:
+        """Until the metadata group has a leader (an election takes about this long); then
+        NO_LEADER at once rather than at the caller's deadline (an isolated node)."""
+        deadline = self.clock.monotonic_s() + timeout_s
+        while self.group.leader_address() is None:
+            if self.clock.monotonic_s() >= deadline:
+                raise RaftlogError(Reason.NO_LEADER, "the metadata group has no leader this "
+                                   "node can reach; retry", retry_after_ms=retry_after_ms,
+                                   outcome="not_committed")
+            await asyncio.sleep(ready_poll_s / 5)
 
     def member_address(self, node_id: str) -> str:
         member = self.state.members.get(node_id)
@@ -275,7 +288,24 @@ class ClusterNode:
                                    "cluster's metadata yet; retry", stream=stream,
                                    retry_after_ms=retry_after_ms)
             return None
+        if self.liveness is not None and self.liveness.unreachable(primary):
+            raise RaftlogError(Reason.NOT_PRIMARY, f"the primary of {stream!r}, {primary}, has "
+                               f"not answered for {self.liveness.silent_s(primary):.1f} s; "
+                               "retry (a failover replaces it)", stream=stream, primary=primary,
+                               retry_after_ms=retry_after_ms)
         return self.member_address(primary)
+
+    def unreachable(self, address: str) -> RaftlogError | None:
+        """Router: the member at gRPC `address` went silent (a forwarded call stops waiting)."""
+        if self.liveness is None:
+            return None
+        for member in list(self.state.members.values()):
+            if member.grpc_address == address and self.liveness.unreachable(member.node_id):
+                return RaftlogError(
+                    Reason.FORWARD_FAILED, f"{member.node_id} at {address} stopped answering "
+                    f"({self.liveness.silent_s(member.node_id):.1f} s); retry (a failover "
+                    "replaces a lost primary)", address=address, retry_after_ms=retry_after_ms)
+        return None
 
     def caught_up(self) -> bool:
         """The metadata caught up with the cluster once since start (then for good): before,

@@ -98,7 +98,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
         return cluster_pb2.ClusterStatus(
             nodes=nodes, raft_leader=leader, raft_term=group.term,
             commit_index=group.commit_index, applied_index=group.applied_index,
-            answered_by=self._cluster.node_id)
+            answered_by=self._cluster.node_id, caught_up=self._cluster.caught_up())
 
     @rpc.unary
     async def GetClusterStatus(self, request: cluster_pb2.GetClusterStatusRequest,

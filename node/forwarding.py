@@ -8,6 +8,7 @@ on as is, and the primary's answer (or its status, ErrorInfo included) is relaye
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 HOPS_HEADER = "raftlog-hops"
 hops_max = 3  # a call forwarded more often than this is refused (HOP_LIMIT)
 forward_timeout_s_default = 30.0  # when the caller set no deadline
+forward_check_s = 0.1  # a forwarded call checks this often that the primary still answers
 channels_max = 64  # pooled channels to other nodes; the least recently used is closed beyond
 reconnect_backoff_ms = 100
 reconnect_backoff_ms_max = 1000
@@ -78,13 +80,18 @@ class Router(Protocol):
         RaftlogError (UNAVAILABLE) when no node can be named."""
         ...
 
+    def unreachable(self, address: str) -> RaftlogError | None:
+        """Why a call forwarded to `address` should stop waiting (the node there went
+        silent), or None."""
+        ...
+
 
 class ChannelPool:
     """Long-lived channels to other nodes, at most channels_max of them."""
 
     def __init__(self, *, options: list[tuple[str, Any]] | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._options = [
+        merged = dict([
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
             # A node that restarts is reachable again within a second, not after grpc's
@@ -92,8 +99,9 @@ class ChannelPool:
             ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_ms),
             ("grpc.min_reconnect_backoff_ms", reconnect_backoff_ms),
             ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
-            *(options or ()),
-        ]
+        ])
+        merged.update(options or ())  # the caller's options replace the defaults
+        self._options = list(merged.items())
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.pop(address, None)
@@ -206,11 +214,22 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 raise
             call: Any = self._pool.get(address).unary_unary(
                 method, request_serializer=_serialize, response_deserializer=None)
+            pending = asyncio.ensure_future(
+                call(request, timeout=remaining_s(context), metadata=metadata))
             try:
-                return await call(request, timeout=remaining_s(context), metadata=metadata)
+                while True:
+                    done, _ = await asyncio.wait({pending}, timeout=forward_check_s)
+                    if done:
+                        return pending.result()
+                    gone = self._router.unreachable(address)
+                    if gone is not None:  # do not wait for the deadline of a silent primary
+                        pending.cancel()
+                        await rpc.abort(context, gone)
             except grpc.aio.AioRpcError as err:
                 await relay_error(context, err, address)
                 raise
+            finally:
+                pending.cancel()
 
         return behavior
 

@@ -43,6 +43,7 @@ ping_period_s = 0.1
 ping_timeout_s = 1.0  # a slow answer still counts: silence is measured, not timeouts
 failover_after_s = 0.8  # silence before a primary is replaced; must exceed the read lease
 failover_after_max_s = 3.0  # the adaptive threshold never goes above this
+unreachable_after_s = 0.5  # forwarding to a member silent this long fails fast (the lease)
 delay_factor = 3.0  # threshold >= this x the worst recent scheduling delay
 delay_window_s = 30.0  # scheduling delays remembered this long
 view_fresh_s = 1.0  # a member's report of its silences counts for this long
@@ -106,7 +107,8 @@ class _Maxima:
 
 @dataclass
 class _Peer:
-    last_ok_s: float
+    first_try_s: float  # the first ping this node sent it
+    last_ok_s: float | None = None  # its last answer (None: never answered yet)
     reply: replication_pb2.PingReply | None = None
     reply_s: float = -1e9
     delays: _Maxima = field(default_factory=lambda: _Maxima(delay_window_s))
@@ -122,13 +124,11 @@ class LivenessMonitor:
         self._peers = peers
         self._clock = clock
         self.heartbeat = heartbeat or LoopHeartbeat()
-        self._started_s = clock.monotonic_s()
         self._state: dict[str, _Peer] = {}
         self._task: asyncio.Task[None] | None = None
         self._threshold_s = failover_after_s  # threshold_s() as of the last ping round
 
     def start(self) -> None:
-        self._started_s = self._clock.monotonic_s()
         self.heartbeat.start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="liveness")
 
@@ -141,11 +141,23 @@ class LivenessMonitor:
     # ----------------------------------------------------------------- verdicts
 
     def silent_s(self, node_id: str) -> float:
+        """How long it has not answered (since the first ping, if it never did)."""
         if node_id == self._node_id:
             return 0.0
         peer = self._state.get(node_id)
-        last = peer.last_ok_s if peer is not None else self._started_s
+        if peer is None:
+            return 0.0  # not pinged yet: nothing known against it
+        last = peer.last_ok_s if peer.last_ok_s is not None else peer.first_try_s
         return self._clock.monotonic_s() - last
+
+    def _silent_past(self, node_id: str, threshold_s: float) -> bool:
+        """Silent longer than `threshold_s`; a member that never answered since this node
+        started gets `failover_after_max_s` (it may only be starting, or its channel backing
+        off from an early refusal)."""
+        peer = self._state.get(node_id)
+        if peer is not None and peer.last_ok_s is None:
+            threshold_s = max(threshold_s, failover_after_max_s)
+        return self.silent_s(node_id) > threshold_s
 
     def delay_s(self) -> float:
         """The worst scheduling delay seen lately: this loop's lateness or a ping's round
@@ -157,6 +169,12 @@ class LivenessMonitor:
     def threshold_s(self) -> float:
         return min(failover_after_max_s, max(failover_after_s, delay_factor * self.delay_s()))
 
+    def unreachable(self, node_id: str) -> bool:
+        """Silent for longer than the read lease (and than the recent scheduling delay allows):
+        a call forwarded there would only wait for its deadline."""
+        return self._silent_past(node_id, max(unreachable_after_s,
+                                              delay_factor * self.delay_s()))
+
     def loop_stuck(self) -> bool:
         """Thread-safe: this node's serving loop is late past the failover threshold (as of
         the last ping round), so it must not lead Raft (raft/group.py asks)."""
@@ -166,7 +184,7 @@ class LivenessMonitor:
         """Silent past the threshold here and, by their own reports, to a majority of the
         other members (this one included)."""
         threshold_s = self.threshold_s()
-        if node_id == self._node_id or self.silent_s(node_id) <= threshold_s:
+        if node_id == self._node_id or not self._silent_past(node_id, threshold_s):
             return False
         voters = [n for n in self._members() if n != node_id]
         agree = 1  # this node
@@ -203,14 +221,14 @@ class LivenessMonitor:
 
     async def _ping(self, node_id: str) -> None:
         sent = self._clock.monotonic_s()
+        peer = self._state.get(node_id)
+        if peer is None:
+            peer = self._state[node_id] = _Peer(first_try_s=sent)
         try:
             reply = await self._peers.ping(node_id, timeout_s=ping_timeout_s)
         except (grpc.aio.AioRpcError, RaftlogError):
             return
         now = self._clock.monotonic_s()
-        peer = self._state.get(node_id)
-        if peer is None:
-            peer = self._state[node_id] = _Peer(last_ok_s=now)
         peer.last_ok_s = now
         peer.reply, peer.reply_s = reply, now
         peer.delays.add(now, now - sent)

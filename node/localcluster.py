@@ -511,27 +511,35 @@ def wait_serving(nodes: Sequence[LocalNode], timeout_s: float) -> None:
 
 
 def wait_ready(nodes: Sequence[LocalNode], timeout_s: float) -> cluster_pb2.ClusterStatus:
-    """Until every node serves gRPC health and one node's GetClusterStatus shows a Raft leader
-    and all of `nodes` as members; returns that status."""
+    """Until every node serves gRPC health and has caught up with the metadata, and one
+    node's GetClusterStatus shows a Raft leader and all of `nodes` as members; returns that
+    status."""
     deadline = time.monotonic() + timeout_s
     wait_serving(nodes, timeout_s)
     expected = {node.node_id for node in nodes}
     last_seen = "no answer yet"
+    caught_up: set[str] = set()
     with _channels(nodes) as channels:
         for remaining_s in _deadline_iter(deadline - time.monotonic()):
+            ready: cluster_pb2.ClusterStatus | None = None
             for node, channel in zip(nodes, channels, strict=True):
                 _check_running(node)
                 answer = _cluster_status(channel, timeout_s=min(probe_timeout_s, remaining_s))
                 if isinstance(answer, str):
                     last_seen = f"{node.node_id}: {answer}"
                     continue
+                if answer.caught_up:
+                    caught_up.add(node.node_id)
                 members = {member.node_id for member in answer.nodes}
                 if answer.raft_leader and expected <= members:
-                    return answer
-                last_seen = (
-                    f"{node.node_id} sees leader {answer.raft_leader or 'none'}, "
-                    f"members {sorted(members)}"
-                )
+                    ready = answer
+                else:
+                    last_seen = (f"{node.node_id} sees leader {answer.raft_leader or 'none'}, "
+                                 f"members {sorted(members)}")
+            if ready is not None and caught_up >= expected:
+                return ready
+            if ready is not None:
+                last_seen = f"not caught up yet: {sorted(expected - caught_up)}"
     raise LocalClusterError(
         Refusal.NOT_READY,
         f"no Raft leader with all {len(nodes)} members within {timeout_s:g} s ({last_seen})",

@@ -34,7 +34,9 @@ PEER_SERVER_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive_time_ms // 2),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+reconnect_backoff_ms_max = 200  # a peer that refused (e.g. still starting) is tried this often
 PEER_CHANNEL_OPTIONS = [
+    ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
     ("grpc.keepalive_time_ms", keepalive_time_ms),
     ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
     ("grpc.keepalive_permit_without_calls", 1),

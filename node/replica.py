@@ -31,6 +31,7 @@ group_requests_max = 64  # batches of one call that share an fsync
 requests_waiting_max = 256  # batches read ahead of the one being applied
 survey_streams_max = 10_000  # streams one Survey call names
 nonce_bytes_max = 64  # of a Ping's challenge
+heartbeat_commits_max = 10_000  # commit notices applied from one heartbeat
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -49,37 +50,78 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         self._health = health or (lambda: replication_pb2.PingReply(node_id=node_id))
         self._credential = credential
         self.refusals = 0
+        # The open Replicate calls by the primary that sends them (fence notices go there).
+        self._calls: dict[str, list[asyncio.Queue[Any]]] = {}
 
     async def Replicate(self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest],
                         context: Context) -> AsyncIterator[replication_pb2.ReplicateAck]:
         """Applies batches in order; the batches waiting together share one fsync (group
         commit), and each is acknowledged, in order, once that fsync is done."""
-        queue: asyncio.Queue[replication_pb2.ReplicateRequest | None] = asyncio.Queue(
-            requests_waiting_max)
+        queue: asyncio.Queue[replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck
+                             | None] = asyncio.Queue()
+        primaries: list[str] = []  # the primary this call comes from, once it said
+        slots = asyncio.Semaphore(requests_waiting_max)  # requests read ahead (notices: free)
 
         async def read() -> None:
             async for request in request_iterator:
-                await queue.put(request)
-            await queue.put(None)
+                if not primaries and request.primary:
+                    primaries.append(request.primary)
+                    self._calls.setdefault(request.primary, []).append(queue)
+                await slots.acquire()
+                queue.put_nowait(request)
+            queue.put_nowait(None)
+
+        def take() -> replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck | None:
+            item = queue.get_nowait()
+            if isinstance(item, replication_pb2.ReplicateRequest):
+                slots.release()
+            return item
 
         reader = asyncio.get_running_loop().create_task(read())
         try:
             ended = False
             while not ended:
                 first = await queue.get()
+                if isinstance(first, replication_pb2.ReplicateRequest):
+                    slots.release()
                 if first is None:
                     return
+                if isinstance(first, replication_pb2.ReplicateAck):
+                    yield first  # a fence notice, in order with the answers
+                    continue
                 batch = [first]
                 while not queue.empty() and len(batch) < group_requests_max:
-                    following = queue.get_nowait()
+                    following = take()
                     if following is None:
                         ended = True
                         break
+                    if isinstance(following, replication_pb2.ReplicateAck):
+                        for ack in await self._apply_all(batch):
+                            yield ack
+                        batch = []
+                        yield following
+                        continue
                     batch.append(following)
                 for ack in await self._apply_all(batch):
                     yield ack
         finally:
             reader.cancel()
+            for primary in primaries:
+                calls = self._calls.get(primary, [])
+                if queue in calls:
+                    calls.remove(queue)
+                if not calls:
+                    self._calls.pop(primary, None)
+
+    def _notify_fenced(self, stream: Stream, fence_epoch: int) -> None:
+        """Tells the primary that sends this stream (on its Replicate calls) that a survey
+        fenced it above its epoch: it steps down before any later answer reaches it."""
+        for queue in self._calls.get(stream.replicated_by, []):
+            queue.put_nowait(replication_pb2.ReplicateAck(
+                stream=stream.name, epoch=stream.record.epoch, refused=Reason.STALE_EPOCH.name,
+                message=f"{stream.name!r} was fenced at epoch {fence_epoch} on "
+                f"{self._node_id}", replica_epoch=fence_epoch,
+                last_seq=stream.record.last_seq))
 
     async def apply(self, request: replication_pb2.ReplicateRequest
                     ) -> replication_pb2.ReplicateAck:
@@ -88,7 +130,10 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
 
     async def _apply_all(self, requests: list[replication_pb2.ReplicateRequest]
                          ) -> list[replication_pb2.ReplicateAck]:
-        accepted = [await self._accept(request) for request in requests]
+        if not requests:
+            return []
+        accepted = [await self._accept(request) if request.stream else self._heartbeat(request)
+                    for request in requests]
         if any(wrote for _, _, wrote in accepted):
             await self._committer.durable()
         for request, (ack, stream, _) in zip(requests, accepted, strict=True):
@@ -96,6 +141,16 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 stream.durable_seq = max(stream.durable_seq, ack.last_seq)
                 stream.set_commit_seq(request.commit_seq)
         return [ack for ack, _, _ in accepted]
+
+    def _heartbeat(self, request: replication_pb2.ReplicateRequest
+                   ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
+        """A link heartbeat: apply its commit notices; its ack keeps the primary's lease."""
+        for notice in request.commits[:heartbeat_commits_max]:
+            stream = self._engine.streams.get(notice.stream)
+            if stream is not None and notice.epoch == stream.record.epoch \
+                    and notice.epoch >= stream.record.fenced_epoch:
+                stream.set_commit_seq(min(notice.commit_seq, stream.durable_seq))
+        return replication_pb2.ReplicateAck(request_id=request.request_id), None, False
 
     async def _accept(self, request: replication_pb2.ReplicateRequest
                       ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
@@ -106,6 +161,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         try:
             stream = await self._local(request.stream)
             last_seq = stream.accept_replicated(request)
+            stream.replicated_by = request.primary
             ack.last_seq = last_seq
             ack.replica_epoch = stream.record.epoch
             return ack, stream, bool(request.messages or request.removed or request.reseed)
@@ -154,7 +210,8 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             stream.depose(RaftlogError(
                 Reason.NOT_PRIMARY, f"{name!r} is moving to another node; retry with the "
                 "same msg_id", stream=name))
-        stream.fence_unsynced(fence_epoch)
+        if stream.fence_unsynced(fence_epoch) and stream.role != ROLE_PRIMARY:
+            self._notify_fenced(stream, fence_epoch)
         return stream
 
     @rpc.unary

@@ -2,21 +2,31 @@
 the commit rule, and the read lease.
 
 - One `PeerLink` per replica node: a long-lived bidirectional Replicate call shared by every
-  stream this node leads there; it reconnects with a bounded backoff and routes acks back.
-- One `StreamReplicator` per stream this node leads (replication factor > 1): for each replica,
-  one batch in flight at a time carrying everything not yet sent (so batches grow with load),
-  heartbeats when idle, catch-up from the replica's own last seq (SEQ_GAP tells it), re-seed
-  when the replica needs seqs this node no longer holds.
+  stream this node leads there. The link, not the stream, heartbeats (every `heartbeat_s`,
+  carrying the commit seqs that moved since), times out (a request unanswered for
+  `request_timeout_s` restarts the call), and keeps the clock of the lease: the send time of
+  the latest request the replica acknowledged. Requests and acks travel in order on one call.
+- One `StreamReplicator` per stream this node leads (replication factor > 1). It does work only
+  when there is some: data not yet sent, a replica whose position is unknown, removals to pass
+  on. For each replica up to `inflight_max` batches in flight, each carrying everything not yet
+  sent (so batches grow with load); catch-up from the replica's own last seq (SEQ_GAP tells
+  it), re-seed when the replica needs seqs this node no longer holds. An idle stream costs
+  nothing, so thousands of them cost nothing either.
 - Commit rule (G1): a seq is committed once a majority of the replica set (this node
   included, counting only its fsynced seqs) holds it at the current fence epoch.
-- Fencing (G3): a refusal that names a newer epoch deposes this primary at once.
-- Lease: reads are served only while a majority acknowledged a request *sent* within
-  `lease_s`; failover waits longer than that before it picks a successor.
+- Fencing (G3): a refusal that names a newer epoch deposes this primary at once, and so does a
+  replica's notice that a survey fenced the stream there (pushed on the same call, in order).
+- Lease: reads are served only while a majority of the stream's replica set acknowledged, on
+  their links, a request *sent* within `lease_s`; a replica fenced above this primary's epoch
+  notifies it before it acknowledges anything sent later, so the lease never outlives a fence
+  by more than that. Failover waits longer than `lease_s` of silence before it picks a
+  successor. Writes fail fast (NO_QUORUM) once the lease has lapsed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -35,13 +45,15 @@ from raftlog.v1 import raft_pb2, replication_pb2
 log = logging.getLogger(__name__)
 
 lease_s = 0.5  # reads need a majority ack of a request sent this recently
-heartbeat_s = 0.05  # an idle replica hears from its primary this often
-request_timeout_s = 2.0  # a batch not acknowledged by then is sent again
+heartbeat_s = 0.05  # an idle link carries a heartbeat this often
+request_timeout_s = 2.0  # a request not acknowledged by then restarts the link
 reconnect_backoff_s = 0.1  # between attempts to reopen a link
 batch_bytes_max = 1024 * 1024  # stored bytes in one replication batch
 batch_messages_max = 10_000  # messages in one replication batch
 link_queue_max = 10_000  # requests waiting on one link
 inflight_max = 4  # batches sent to one replica and not yet acknowledged
+heartbeat_commits_max = 5_000  # commit notices one heartbeat carries (the rest: the next)
+refused_retry_s = 0.1  # a replica that refused a batch (other than a gap) is asked again then
 
 
 def majority(count: int) -> int:
@@ -59,13 +71,15 @@ def to_ranges(seqs: list[int]) -> list[tuple[int, int]]:
 
 
 class PeerLink:
-    """The Replicate call to one replica node."""
+    """The Replicate call to one replica node; see the module docstring."""
 
-    def __init__(self, *, node_id: str, peers: PeerClient,
+    def __init__(self, *, node_id: str, self_id: str, peers: PeerClient, clock: Clock,
                  on_ack: Callable[[str, replication_pb2.ReplicateAck], None],
                  on_reset: Callable[[str], None]) -> None:
         self.node_id = node_id
+        self._self_id = self_id
         self._peers = peers
+        self._clock = clock
         self._on_ack = on_ack
         self._on_reset = on_reset
         self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
@@ -73,6 +87,12 @@ class PeerLink:
         self._task: asyncio.Task[None] | None = None
         self._call: Any = None
         self._restarting = False
+        self._next_id = 1
+        self._sent: collections.deque[tuple[int, float]] = collections.deque()  # in order
+        self.last_sent_s = -1e9
+        self.acked_sent_s = -1e9  # send time of the latest request the replica acknowledged
+        self.created_s = clock.monotonic_s()
+        self.commits: dict[str, tuple[int, int]] = {}  # stream -> (epoch, commit seq) to tell
         self.connected = False
 
     def restart(self) -> None:
@@ -90,12 +110,41 @@ class PeerLink:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def send(self, request: replication_pb2.ReplicateRequest) -> bool:
-        try:
-            self._queue.put_nowait(request)
-        except asyncio.QueueFull:
-            return False
-        return True
+    def send(self, request: replication_pb2.ReplicateRequest) -> int:
+        """Queues a request; its id (0 when the link's queue is full: try again later)."""
+        if self._queue.full():
+            return 0
+        request.request_id = self._next_id
+        self._next_id += 1
+        now = self._clock.monotonic_s()
+        self._queue.put_nowait(request)
+        self._sent.append((request.request_id, now))
+        self.last_sent_s = now
+        return request.request_id
+
+    def tick(self) -> None:
+        """Heartbeat when idle (with the pending commit notices); restart a stalled call."""
+        now = self._clock.monotonic_s()
+        if self._sent and now - self._sent[0][1] > request_timeout_s:
+            log.info("replication link to %s: no answer for %.1f s; reconnecting",
+                     self.node_id, now - self._sent[0][1])
+            self.restart()
+            return
+        if now - self.last_sent_s >= heartbeat_s or self.commits:
+            heartbeat = replication_pb2.ReplicateRequest(primary=self._self_id)
+            for name in list(self.commits)[:heartbeat_commits_max]:
+                epoch, commit_seq = self.commits.pop(name)
+                heartbeat.commits.add(stream=name, epoch=epoch, commit_seq=commit_seq)
+            self.send(heartbeat)
+
+    def _on_answer(self, ack: replication_pb2.ReplicateAck) -> None:
+        if ack.request_id:
+            while self._sent and self._sent[0][0] <= ack.request_id:
+                request_id, sent_s = self._sent.popleft()
+                if request_id == ack.request_id:
+                    self.acked_sent_s = max(self.acked_sent_s, sent_s)
+        if ack.stream:
+            self._on_ack(self.node_id, ack)
 
     async def _requests(self) -> AsyncIterator[replication_pb2.ReplicateRequest]:
         while True:
@@ -107,7 +156,7 @@ class PeerLink:
                 self._call = self._peers.replicate(self.node_id, self._requests())
                 self.connected = True
                 async for ack in self._call:
-                    self._on_ack(self.node_id, ack)
+                    self._on_answer(ack)
             except asyncio.CancelledError:
                 if not self._restarting:
                     raise  # the link itself is being stopped
@@ -121,6 +170,7 @@ class PeerLink:
             # Requests queued for a broken call are lost; their streams resend.
             while not self._queue.empty():
                 self._queue.get_nowait()
+            self._sent.clear()
             self._on_reset(self.node_id)
             await asyncio.sleep(reconnect_backoff_s)
 
@@ -130,13 +180,12 @@ class ReplicaProgress:
     node_id: str
     match_seq: int = 0  # last seq the replica acknowledged at this epoch
     next_seq: int | None = None  # next seq to send; None = ask the replica first
-    # request id -> (send time, removals it carries); sent in order on one call
-    inflight: dict[int, tuple[float, int]] = field(default_factory=dict)
-    last_sent_s: float = 0.0
-    acked_sent_s: float = -1e9  # send time of the latest acknowledged request (lease)
+    # request id -> removals it carries; sent in order on one call
+    inflight: dict[int, int] = field(default_factory=dict)
     removed_cursor: int = 0  # removals acknowledged by the replica
     removed_sent: int = 0  # removals sent to it
     reseed: bool = False
+    told_commit: int = 0  # the commit seq the replica was last told
 
     def reset(self) -> None:
         """Forget what is in flight; ask the replica where it is."""
@@ -154,11 +203,11 @@ class StreamReplicator:
         self.node_id = node_id
         self.epoch = epoch
         self.history = history
+        self._history_pb = [raft_pb2.EpochStart(fence_epoch=e, start_seq=s) for e, s in history]
         self.replica_count = len(replicas)
         self.progress = {n: ReplicaProgress(n) for n in replicas if n != node_id}
         self._links = links
         self._clock = clock
-        self._next_id = 1
         self.stopped = False
 
     # --- Replicator protocol (called by Stream)
@@ -176,22 +225,42 @@ class StreamReplicator:
                                "not heard from a majority of its replicas within its lease",
                                stream=self.stream.name)
 
+    def check_writable(self) -> None:
+        """Fails fast (NO_QUORUM, retryable) when a majority of the replicas has not answered
+        within the lease: a write would only wait for a commit that cannot come. A link just
+        opened counts as answering for its first lease."""
+        if self.lease_remaining_s(writes=True) <= 0:
+            raise RaftlogError(Reason.NO_QUORUM, f"the primary of {self.stream.name!r} cannot "
+                               "reach a majority of its replicas; retry with the same msg_id",
+                               stream=self.stream.name, retry_after_ms=int(lease_s * 1000))
+
     # --- lease and commit
 
-    def lease_remaining_s(self) -> float:
+    def lease_remaining_s(self, *, writes: bool = False) -> float:
         now = self._clock.monotonic_s()
-        contacts = sorted([now, *(p.acked_sent_s for p in self.progress.values())],
-                          reverse=True)
+        contacts = sorted([now, *(self._links.acked_sent_s(n, opened_counts=writes)
+                                  for n in self.progress)], reverse=True)
         return contacts[majority(self.replica_count) - 1] + lease_s - now
 
     def _recompute_commit(self) -> None:
         positions = sorted([self.stream.durable_seq,
                             *(p.match_seq for p in self.progress.values())], reverse=True)
+        before = self.stream.commit_seq
         self.stream.set_commit_seq(positions[majority(self.replica_count) - 1])
+        if self.stream.commit_seq != before:
+            self._tell_commit()
+
+    def _tell_commit(self) -> None:
+        """The replicas learn a commit seq that no batch carries (after the last one) from
+        their link's next heartbeat."""
+        commit = self.stream.commit_seq
+        for progress in self.progress.values():
+            if progress.told_commit < commit:
+                self._links.note_commit(progress.node_id, self.stream.name, self.epoch, commit)
 
     # --- sending
 
-    def _maybe_send(self, progress: ReplicaProgress, *, heartbeat: bool = False) -> None:
+    def _maybe_send(self, progress: ReplicaProgress) -> None:
         """Sends the next batch to one replica, pipelined up to inflight_max batches."""
         if self.stopped or len(progress.inflight) >= inflight_max:
             return
@@ -205,16 +274,12 @@ class StreamReplicator:
         unsent = progress.next_seq is not None and progress.next_seq <= stream.last_seq
         removed = stream.removed_log[progress.removed_sent:
                                      progress.removed_sent + removed_seqs_max]
-        idle = heartbeat and not progress.inflight
-        if not (unsent or removed or idle or progress.next_seq is None):
+        if not (unsent or removed or progress.next_seq is None):
             return
         request = replication_pb2.ReplicateRequest(
             stream=stream.name, epoch=self.epoch, primary=self.node_id,
-            commit_seq=stream.commit_seq, head_seq=stream.first_seq,
-            history=[raft_pb2.EpochStart(fence_epoch=e, start_seq=s) for e, s in self.history],
-            first_seq=progress.next_seq or stream.last_seq + 1, reseed=progress.reseed,
-            request_id=self._next_id,
-        )
+            commit_seq=stream.commit_seq, head_seq=stream.first_seq, history=self._history_pb,
+            first_seq=progress.next_seq or stream.last_seq + 1, reseed=progress.reseed)
         if unsent and progress.next_seq is not None:
             values = stream.stored_values(
                 from_seq=progress.next_seq,
@@ -225,30 +290,22 @@ class StreamReplicator:
         if removed:
             request.removed.extend(replication_pb2.SeqRange(first=a, last=b)
                                    for a, b in to_ranges(removed))
-        if not self._links.send(progress.node_id, request):
+        request_id = self._links.send(progress.node_id, request)
+        if not request_id:
+            self._links.blocked(self)
             return
-        now = self._clock.monotonic_s()
-        progress.inflight[self._next_id] = (now, len(removed))
-        progress.last_sent_s = now
+        progress.inflight[request_id] = len(removed)
         progress.removed_sent += len(removed)
+        progress.told_commit = max(progress.told_commit, stream.commit_seq)
         if progress.next_seq is not None:
             progress.next_seq += len(request.messages)
             progress.reseed = False
-        self._next_id += 1
-
-    def tick(self) -> None:
-        now = self._clock.monotonic_s()
-        for progress in self.progress.values():
-            oldest = min((sent for sent, _ in progress.inflight.values()), default=now)
-            if now - oldest > request_timeout_s:
-                progress.reset()  # lost; send again on a fresh call
-                self._links.restart(progress.node_id)
-            self._maybe_send(progress, heartbeat=now - progress.last_sent_s >= heartbeat_s)
 
     def on_reset(self, node_id: str) -> None:
         progress = self.progress.get(node_id)
         if progress is not None:
             progress.reset()
+            self._links.blocked(self)  # ask the replica again once the link is back
 
     # --- acks
 
@@ -256,19 +313,21 @@ class StreamReplicator:
         progress = self.progress.get(node_id)
         if progress is None:
             return
-        sent = progress.inflight.pop(ack.request_id, None)
-        if sent is None:
+        if not ack.request_id:  # a notice the replica pushed: a survey fenced the stream
+            if ack.refused:
+                self._on_refused(progress, ack)
+            return
+        removals = progress.inflight.pop(ack.request_id, None)
+        if removals is None:
             return  # from before a reset
         if ack.refused:
             self._on_refused(progress, ack)
             return
         if ack.epoch != self.epoch:
             return
-        sent_s, removals = sent
         progress.match_seq = max(progress.match_seq, ack.last_seq)
         if progress.next_seq is None:
             progress.next_seq = ack.last_seq + 1
-        progress.acked_sent_s = max(progress.acked_sent_s, sent_s)
         if removals:
             progress.removed_cursor += removals
             self._trim_removed_log()
@@ -290,8 +349,9 @@ class StreamReplicator:
             progress.next_seq = ack.last_seq + 1
             self._maybe_send(progress)
             return
-        log.info("stream %s: replica %s refused a batch: %s %s", self.stream.name,
-                 progress.node_id, ack.refused, ack.message)
+        log.info("stream %s: replica %s refused a batch: %s %s; asking again in %.1f s",
+                 self.stream.name, progress.node_id, ack.refused, ack.message, refused_retry_s)
+        self._links.retry(self, after_s=refused_retry_s)  # e.g. its copy is being created
 
     def _trim_removed_log(self) -> None:
         done = min(p.removed_cursor for p in self.progress.values())
@@ -308,24 +368,62 @@ class StreamReplicator:
 class LinkSet:
     """Links to every replica node, created on first use; routes acks to replicators."""
 
-    def __init__(self, *, peers: PeerClient) -> None:
+    def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
+        self._node_id = node_id
         self._peers = peers
+        self._clock = clock
         self._links: dict[str, PeerLink] = {}
         self.replicators: dict[str, StreamReplicator] = {}
+        self.waiting: set[StreamReplicator] = set()  # could not send: try again next tick
+        self.later: dict[StreamReplicator, float] = {}  # refused: try again at this time
 
-    def send(self, node_id: str, request: replication_pb2.ReplicateRequest) -> bool:
+    def link(self, node_id: str) -> PeerLink:
         link = self._links.get(node_id)
         if link is None:
-            link = PeerLink(node_id=node_id, peers=self._peers, on_ack=self._on_ack,
-                            on_reset=self._on_reset)
+            link = PeerLink(node_id=node_id, self_id=self._node_id, peers=self._peers,
+                            clock=self._clock, on_ack=self._on_ack, on_reset=self._on_reset)
             link.start()
             self._links[node_id] = link
-        return link.send(request)
+        return link
+
+    def send(self, node_id: str, request: replication_pb2.ReplicateRequest) -> int:
+        return self.link(node_id).send(request)
+
+    def note_commit(self, node_id: str, stream: str, epoch: int, commit_seq: int) -> None:
+        self.link(node_id).commits[stream] = (epoch, commit_seq)
+
+    def acked_sent_s(self, node_id: str, *, opened_counts: bool = False) -> float:
+        """Send time of the latest request the node acknowledged; with `opened_counts`, a
+        link's opening counts as one (a link not opened yet: now)."""
+        link = self._links.get(node_id)
+        if link is None:
+            return self._clock.monotonic_s() if opened_counts else -1e9
+        return max(link.acked_sent_s, link.created_s) if opened_counts else link.acked_sent_s
+
+    def blocked(self, replicator: StreamReplicator) -> None:
+        self.waiting.add(replicator)
+
+    def retry(self, replicator: StreamReplicator, *, after_s: float) -> None:
+        self.later[replicator] = self._clock.monotonic_s() + after_s
 
     def restart(self, node_id: str) -> None:
         link = self._links.get(node_id)
         if link is not None:
             link.restart()
+
+    def tick(self) -> None:
+        for link in list(self._links.values()):
+            link.tick()
+        waiting, self.waiting = self.waiting, set()
+        if self.later:
+            now = self._clock.monotonic_s()
+            due = [r for r, at in self.later.items() if at <= now]
+            for replicator in due:
+                del self.later[replicator]
+            waiting.update(due)
+        for replicator in waiting:
+            if not replicator.stopped:
+                replicator.kick()
 
     def _on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
         replicator = self.replicators.get(ack.stream)
@@ -343,11 +441,11 @@ class LinkSet:
 
 
 class ReplicationManager:
-    """The streams this node leads with replication factor > 1, and their ticking."""
+    """The streams this node leads with replication factor > 1, and the links' ticking."""
 
     def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
         self.node_id = node_id
-        self.links = LinkSet(peers=peers)
+        self.links = LinkSet(node_id=node_id, peers=peers, clock=clock)
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
 
@@ -385,14 +483,15 @@ class ReplicationManager:
         replicator = self.links.replicators.pop(name, None)
         if replicator is not None:
             replicator.stop()
+            self.links.waiting.discard(replicator)
+            self.links.later.pop(replicator, None)
             if replicator.stream.replicator is replicator:
                 replicator.stream.replicator = None
 
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(heartbeat_s / 2)
-            for replicator in list(self.links.replicators.values()):
-                try:
-                    replicator.tick()
-                except Exception:
-                    log.exception("replication tick of %s failed", replicator.stream.name)
+            try:
+                self.links.tick()
+            except Exception:
+                log.exception("replication tick failed")

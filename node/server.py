@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -54,6 +56,7 @@ from raftlog.v1 import (
 
 log = logging.getLogger(__name__)
 
+FREEZE_ENV = "RAFTLOG_DEBUG_FREEZE_S"
 switch_interval_s = 0.0002  # GIL hand-off; threads back from an fsync wait at most this (DESIGN §3)
 SERVICE_NAMES = (
     streams_pb2.DESCRIPTOR.services_by_name["Streams"].full_name,
@@ -270,9 +273,20 @@ async def serve(config: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    freeze_s = float(os.environ.get(FREEZE_ENV, "0") or 0)
+    if freeze_s > 0:
+        loop.add_signal_handler(signal.SIGUSR1, _freeze, freeze_s)
     await stopping.wait()
     log.info("signal received; draining")
     await node.stop()
+
+
+def _freeze(seconds: float) -> None:
+    """A fault for tests and chaos runs (only with $RAFTLOG_DEBUG_FREEZE_S set): SIGUSR1 blocks
+    the event loop that serves requests for that long, while the other threads (Raft's tick
+    thread, gRPC's) keep running, as a loop stuck in a long computation would."""
+    log.warning("SIGUSR1: blocking the event loop for %.1f s (%s)", seconds, FREEZE_ENV)
+    time.sleep(seconds)
 
 
 def run(config: NodeConfig) -> int:

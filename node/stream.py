@@ -40,6 +40,7 @@ scan_examined_max = 100_000  # messages one filtered scan looks at before it sto
 
 
 commit_wait_s_max = 10.0  # a publish waits this long for a quorum before UNAVAILABLE
+commit_check_s = 0.1  # a waiting publish checks this often that a majority still answers
 removed_log_max = 100_000  # removals kept for replicas before they must be re-seeded
 
 
@@ -49,6 +50,7 @@ class Replicator(Protocol):
     def kick(self) -> None: ...
     def on_local_durable(self) -> None: ...
     def check_lease(self) -> None: ...
+    def check_writable(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -139,6 +141,7 @@ class Stream:
         self.deposed: RaftlogError | None = None  # set when this node stopped being primary
         self.primacy = 0  # changes with every role change; a commit wait spans one value
         self.removed_log: list[int] = []  # seqs removed here, for the replicator to pass on
+        self.replicated_by = ""  # as a replica: the node whose batches it took last
         self._known_subjects: dict[str, tuple[bytes, int]] = {}
         self.closed = False
 
@@ -680,7 +683,10 @@ class Stream:
                 raise RaftlogError(Reason.NO_QUORUM, f"seq {wait_seq} of {self.name!r} is not "
                                    "on a majority of its replicas yet; retry with the same "
                                    "msg_id", stream=self.name, seq=wait_seq)
-            await self.wait_for_commit(above_seq=self._commit_seq, timeout_s=remaining)
+            await self.wait_for_commit(above_seq=self._commit_seq,
+                                       timeout_s=min(remaining, commit_check_s))
+            if self._commit_seq < wait_seq and self.replicator is not None:
+                self.replicator.check_writable()  # cut off meanwhile: NO_QUORUM at once
 
     async def publish(self, drafts: Sequence[Draft]) -> list[Appended | RaftlogError]:
         results, wait_seq = self.publish_staged(drafts)

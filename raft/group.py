@@ -41,7 +41,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +54,7 @@ import pysyncobj.tcp_connection
 import pysyncobj.version
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.monotonic import monotonic as _pysyncobj_monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
@@ -112,6 +112,12 @@ membership_poll_s = 0.01  # while waiting for a change to be appended
 close_timeout_s = 5.0
 close_poll_s = 0.01
 status_read_attempts_max = 5  # reads of pysyncobj's sets racing the tick thread
+
+
+def _raft_now() -> float:
+    """pysyncobj's clock (CLOCK_MONOTONIC_RAW, not time.monotonic's): every time compared with
+    its own (election deadlines, response times) must come from it."""
+    return float(_pysyncobj_monotonic())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +238,14 @@ class _MetaSyncObj(SyncObj):  # type: ignore[misc]
         self._raftlog_group = group
         self._raftlog_journal = journal
         super().__init__(self_address, list(peers), conf, transportClass=_DurableTransport)
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        # The election guard runs first: pysyncobj checks the election deadline at the start of
+        # its tick, and after a pause (SIGSTOP, a starved thread) the deadline is already past.
+        group = getattr(self, "_raftlog_group", None)
+        if group is not None and getattr(group, "_obj", None) is not None:
+            group._guard_elections(_raft_now())
+        super()._onTick(timeToWait)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> raft_pb2.RaftResult:
@@ -524,7 +538,7 @@ class RaftGroup:
                 obj._SyncObj__setState(_RAFT_STATE.FOLLOWER)
                 obj._SyncObj__raftLeader = None
                 obj._SyncObj__raftElectionDeadline = (
-                    time.monotonic() + self._timeouts.current.election_max_s)
+                    _raft_now() + self._timeouts.current.election_max_s)
 
         self._obj.addOnTickCallback(on_tick)
         try:
@@ -709,15 +723,15 @@ class RaftGroup:
         return result
 
     def _on_tick(self) -> None:
-        """Tick thread, every tick: timeouts, the election guard, leadership events and
-        divergence checks. Keep it cheap."""
-        now = time.monotonic()
+        """Tick thread, at the end of every tick: timeouts, leadership events and divergence
+        checks (the election guard runs at its start, `_MetaSyncObj._onTick`). Keep it
+        cheap."""
+        now = _raft_now()
         timeouts = self._timeouts.on_tick(now)
         conf = self._conf
         conf.raftMinTimeout, conf.raftMaxTimeout = (timeouts.election_min_s,
                                                     timeouts.election_max_s)
         conf.leaderFallbackTimeout = timeouts.leader_fallback_s
-        self._guard_elections(now)
         leader = self._obj._getLeader()
         current = (bool(self._obj._isLeader()), None if leader is None else str(leader.id))
         if current != self._last_leader:
@@ -752,6 +766,9 @@ class RaftGroup:
             return
         if not others or self._prevote.granted(now):
             return  # the election may start on the next tick
+        # No word from a leader for an election timeout: say there is none (callers fail fast)
+        # while the pre-vote decides whether to stand.
+        obj._SyncObj__raftLeader = None
         obj._SyncObj__raftElectionDeadline = now + elections.prevote_retry_s
         if self._prevote.due(now):
             term = int(obj.raftCurrentTerm) + 1
@@ -785,7 +802,7 @@ class RaftGroup:
         have raised its term past the leader's (two candidates raced) and then ignores the
         leader's lower-term entries for good; letting its request through makes the leader
         adopt the term and a new election include it (what a Raft reply's term would do)."""
-        now = time.monotonic()
+        now = _raft_now()
         if message.get(TRANSFER_FLAG) or not self._sticky(now):
             return False
         obj = self._obj
@@ -801,20 +818,20 @@ class RaftGroup:
         """The leader hands leadership to this node (pysyncobj starts the election on the
         next tick, and clears its own flag before sending the vote requests)."""
         if node == self._obj._getLeader():
-            self._transfer_asked_s = time.monotonic()
+            self._transfer_asked_s = _raft_now()
 
     def _transferring(self) -> bool:
         """Tick thread: this node's vote requests are those of a leadership transfer."""
-        return time.monotonic() - self._transfer_asked_s < self._timeouts.current.election_max_s
+        return _raft_now() - self._transfer_asked_s < self._timeouts.current.election_max_s
 
     def _on_append_entries(self, message: dict[str, Any]) -> None:
         if int(message.get("term", 0)) >= int(self._obj.raftCurrentTerm):
-            self._last_leader_contact_s = time.monotonic()
+            self._last_leader_contact_s = _raft_now()
 
     def _on_prevote_message(self, transport: Any, node: Any, message: dict[str, Any]) -> None:
         """Tick thread: answers a pre-vote request, or counts an answer to ours."""
         obj = self._obj
-        now = time.monotonic()
+        now = _raft_now()
         term = int(message.get("term", 0))
         if message["type"] == PREVOTE:
             granted = (term > int(obj.raftCurrentTerm) and not self._sticky(now)
@@ -836,7 +853,7 @@ class RaftGroup:
         """Seconds since this node last heard from a Raft leader (0 while it leads)."""
         if self._obj._isLeader():
             return 0.0
-        return time.monotonic() - self._last_leader_contact_s
+        return _raft_now() - self._last_leader_contact_s
 
     def _on_log_entry_refused(self, error: Exception) -> None:
         """A log entry (membership change or command wrapper) the restricted unpickler refused:

@@ -103,8 +103,14 @@ def test_peer_calls_without_the_cluster_credential_change_nothing(
     replica = cluster3.index_of(next(n for n in route.replicas if n != route.primary))
     channel = grpc.insecure_channel(cluster3.peer_address(replica))
     stub = replication_pb2_grpc.ReplicationStub(channel)
-    before = cluster3.replication(replica).GetReplicaState(
-        replication_pb2.GetReplicaStateRequest(stream="kept"), timeout=call_timeout_s)
+
+    def replica_state() -> replication_pb2.ReplicaState:
+        state: replication_pb2.ReplicaState = cluster3.replication(replica).GetReplicaState(
+            replication_pb2.GetReplicaStateRequest(stream="kept"), timeout=call_timeout_s)
+        return state
+
+    wait_until(lambda: replica_state().last_seq == 50, 10, what="the replica holds all 50")
+    before = replica_state()
 
     def metadata(method: str) -> tuple[tuple[str, str], ...]:
         path = f"/raftlog.v1.Replication/{method}"
@@ -134,8 +140,7 @@ def test_peer_calls_without_the_cluster_credential_change_nothing(
                             timeout=call_timeout_s, metadata=metadata("Replicate")))
     refused.append(from_rpc_error(info.value).reason)  # type: ignore[union-attr]
     assert refused == [Reason.UNAUTHENTICATED] * 5
-    after = cluster3.replication(replica).GetReplicaState(
-        replication_pb2.GetReplicaStateRequest(stream="kept"), timeout=call_timeout_s)
+    after = replica_state()
     assert (after.epoch, after.fenced_epoch, after.first_seq, after.last_seq) == (
         before.epoch, before.fenced_epoch, before.first_seq, before.last_seq)
     # The stream still takes writes, and every message is where it was.

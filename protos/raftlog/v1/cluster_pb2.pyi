@@ -141,6 +141,7 @@ class ClusterStatus(_message.Message):
     COMMIT_INDEX_FIELD_NUMBER: _builtins.int
     APPLIED_INDEX_FIELD_NUMBER: _builtins.int
     ANSWERED_BY_FIELD_NUMBER: _builtins.int
+    CAUGHT_UP_FIELD_NUMBER: _builtins.int
     raft_leader: _builtins.str
     """node_id of the Raft leader as the answering node knows it; empty when there is none."""
     raft_term: _builtins.int
@@ -148,6 +149,10 @@ class ClusterStatus(_message.Message):
     applied_index: _builtins.int
     answered_by: _builtins.str
     """node_id of the node that answered."""
+    caught_up: _builtins.bool
+    """The answering node has caught up with the metadata since it started (before, it answers
+    per-stream calls with CATCHING_UP).
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeStatus]: ...
     def __init__(
@@ -159,10 +164,11 @@ class ClusterStatus(_message.Message):
         commit_index: _builtins.int = ...,
         applied_index: _builtins.int = ...,
         answered_by: _builtins.str = ...,
+        caught_up: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_by", b"answered_by", "applied_index", b"applied_index", "commit_index", b"commit_index", "nodes", b"nodes", "raft_leader", b"raft_leader", "raft_term", b"raft_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_by", b"answered_by", "applied_index", b"applied_index", "caught_up", b"caught_up", "commit_index", b"commit_index", "nodes", b"nodes", "raft_leader", b"raft_leader", "raft_term", b"raft_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,7 @@ class ReplicateRequest(_message.Message):
     HEAD_SEQ_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    COMMITS_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     epoch: _builtins.int
     """The primary's fence epoch and the first seq it wrote in it."""
@@ -101,6 +102,12 @@ class ReplicateRequest(_message.Message):
         committed).
         """
 
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamCommit]:
+        """A link heartbeat has no stream: it is acknowledged in order with the batches around it
+        (the primary's lease), and carries commit seqs that moved since no batch carried them.
+        """
+
     def __init__(
         self,
         *,
@@ -117,17 +124,49 @@ class ReplicateRequest(_message.Message):
         head_seq: _builtins.int = ...,
         request_id: _builtins.int = ...,
         history: _abc.Iterable[_raft_pb2.EpochStart] | None = ...,
+        commits: _abc.Iterable[Global___StreamCommit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "commit_seq", b"commit_seq", "epoch", b"epoch", "epoch_start_seq", b"epoch_start_seq", "first_seq", b"first_seq", "head_seq", b"head_seq", "history", b"history", "messages", b"messages", "primary", b"primary", "removed", b"removed", "request_id", b"request_id", "reseed", b"reseed", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "commit_seq", b"commit_seq", "commits", b"commits", "epoch", b"epoch", "epoch_start_seq", b"epoch_start_seq", "first_seq", b"first_seq", "head_seq", b"head_seq", "history", b"history", "messages", b"messages", "primary", b"primary", "removed", b"removed", "request_id", b"request_id", "reseed", b"reseed", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicateRequest: _TypeAlias = ReplicateRequest  # noqa: Y015
 
 @_typing.final
+class StreamCommit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    COMMIT_SEQ_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    epoch: _builtins.int
+    """The primary's fence epoch: a replica at a later epoch ignores the notice."""
+    commit_seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        commit_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_seq", b"commit_seq", "epoch", b"epoch", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamCommit: _TypeAlias = StreamCommit  # noqa: Y015
+
+@_typing.final
 class ReplicateAck(_message.Message):
+    """The answer to one request, in order. A replica also pushes, unasked (request_id 0), a
+    refusal naming a stream that a survey fenced above the primary's epoch, so the primary steps
+    down before it hears anything the replica answers later.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STREAM_FIELD_NUMBER: _builtins.int
