@@ -41,7 +41,7 @@ retry_after_ms = 250  # hint sent with NO_LEADER
 ready_poll_s = 0.05  # while waiting for the metadata to catch up after a start
 catch_up_attempt_s = 2.0  # one attempt to commit the start-up Barrier
 no_leader_wait_s = 0.5  # a metadata call waits this long for a leader, then NO_LEADER
-trouble_scan_period_s = 0.25  # how often the local copies are checked against the metadata
+trouble_scan_period_s = 0.5  # how often the local copies are checked against the metadata
 trouble_grace_s = 0.5  # a trouble is reported once it has lasted this long
 
 _WATCH_TYPES = {
@@ -112,6 +112,7 @@ class ClusterNode:
         self._ring_members: tuple[str, ...] = ()
         self._reconcile: asyncio.Queue[str | None] = asyncio.Queue(reconcile_queue_max)
         self._queued: set[str] = set()
+        self._reconciling: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.watchers: set[asyncio.Queue[cluster_pb2.WatchEvent | None]] = set()
         self.registered = asyncio.Event()
@@ -215,15 +216,17 @@ class ClusterNode:
         with self.group.read_state() as state:
             for name, local in list(self.engine.streams.items()):
                 assignment = state.streams.get(name)
-                if assignment is None or self.node_id not in assignment.replicas:
-                    continue
+                if assignment is None or self.node_id not in assignment.replicas \
+                        or name in self._queued or name in self._reconciling:
+                    continue  # not brought in line with the assignment yet
                 why = _trouble(local, assignment, self.node_id)
                 if why:
                     found[name] = replication_pb2.StreamTrouble(
                         stream=name, assignment_epoch=assignment.fence_epoch,
                         fenced_epoch=local.record.fenced_epoch, why=why)
             for name in state.streams_led_by(self.node_id):
-                if name not in self.engine.streams:
+                if name not in self.engine.streams and name not in self._queued \
+                        and name not in self._reconciling:
                     found[name] = replication_pb2.StreamTrouble(
                         stream=name, assignment_epoch=state.streams[name].fence_epoch,
                         why=f"{self.node_id} is named primary but holds no copy")
@@ -419,13 +422,16 @@ class ClusterNode:
             name = await self._reconcile.get()
             if name is None:
                 return
-            self._queued.discard(name)
+            self._queued.discard(name)  # a change applied from here on queues it again
+            self._reconciling.add(name)  # `scan_troubles` waits for it
             try:
                 await self.reconcile(name)
             except Exception:
                 log.exception("reconciling stream %s failed; retrying", name)
                 await asyncio.sleep(register_retry_s)
                 self.queue(name)
+            finally:
+                self._reconciling.discard(name)
 
     async def reconcile(self, name: str) -> None:
         """Brings the local copy of one stream in line with the committed assignment: its
@@ -473,9 +479,10 @@ class ClusterNode:
 
     async def _reload_consumers(self, local: Stream, assignment: StreamAssignment) -> None:
         """Consumer state may have moved on elsewhere (a former primary acked): read it again
-        from the cluster, after every ack committed so far is applied here."""
-        if self.consumer_store is not None:
-            await self.consumer_store.catch_up()
+        from the metadata. No barrier is needed: this runs after the promote (or override)
+        that made this node primary was applied here, so every ack a former primary had
+        committed is applied too, and any it commits later carries an older fence epoch and
+        is skipped by the state machine (ConsumerProgress.fence_epoch)."""
         self.consumers.detach_stream(local.name)
         self.consumers.attach_stream(local, retention=assignment.config.retention,
                                      subjects=list(assignment.config.subjects))

@@ -216,6 +216,11 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
         subjects.validate_name(request.stream, what="stream")
         ring = self._cluster.ring()
         assignment = self._cluster.state.streams.get(request.stream)
+        if assignment is None:  # maybe created a moment ago, not applied here yet: make sure
+            with contextlib.suppress(RaftlogError):
+                await self._cluster.propose(raft_pb2.RaftCommand(barrier=raft_pb2.Barrier()),
+                                            timeout_s=context.time_remaining())
+            assignment = self._cluster.state.streams.get(request.stream)
         if assignment is None:
             placement = ring.place(request.stream, replicas=min(3, len(ring)))
             explanation = cluster_pb2.RouteExplanation(

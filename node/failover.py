@@ -41,8 +41,10 @@ from raftlog.node.clock import Clock
 from raftlog.node.errors import RaftlogError
 from raftlog.node.liveness import LivenessMonitor, failover_after_s, majority
 from raftlog.node.peer import PeerClient
+from raftlog.node.replica_sets import most_complete
 from raftlog.node.replication import lease_s
 from raftlog.raft.api import MetaGroup, command_bytes_max, ensure_ok
+from raftlog.raft.state import promotes_max
 from raftlog.v1 import raft_pb2, replication_pb2
 
 __all__ = ["FailoverCoordinator", "LivenessMonitor", "Need"]
@@ -169,7 +171,7 @@ class FailoverCoordinator:
                 states = fenced.get(need.name, {})
                 if len(states) < majority(len(need.replicas)):
                     continue
-                best = max(states.values(), key=lambda s: (s.epoch, s.last_seq))
+                best = most_complete(states.values())
                 promotes.append(raft_pb2.StreamPromote(
                     stream=need.name, new_primary=best.node_id,
                     new_fence_epoch=need.fence_epoch + 1, epoch_start_seq=best.last_seq + 1,
@@ -246,12 +248,14 @@ class FailoverCoordinator:
 
 
 def _chunks(promotes: list[raft_pb2.StreamPromote]) -> list[list[raft_pb2.StreamPromote]]:
-    """Promotes split so each Raft entry stays under the command size limit."""
+    """Promotes split so each Raft entry stays under the command size limit and the state
+    machine's count limit (raft/state.py `promotes_max`)."""
     chunks: list[list[raft_pb2.StreamPromote]] = []
     size = 0
     for promote in promotes:
         encoded = promote.ByteSize() + 8
-        if not chunks or size + encoded > promote_batch_bytes_max:
+        if not chunks or size + encoded > promote_batch_bytes_max \
+                or len(chunks[-1]) >= promotes_max:
             chunks.append([])
             size = 0
         chunks[-1].append(promote)

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from raftlog.node import limits
+from raftlog.node import limits, replica_sets
 from raftlog.node.clock import Clock
 from raftlog.node.errors import RaftlogError, Reason
 from raftlog.node.liveness import LivenessMonitor
@@ -44,6 +44,7 @@ from raftlog.node.peer import PeerClient
 from raftlog.node.replica_sets import (
     Position,
     Shape,
+    completeness,
     holders,
     is_safe,
     majority,
@@ -76,8 +77,8 @@ Result = TypeVar("Result")
 
 
 def most_complete(states: States) -> replication_pb2.ReplicaState:
-    """The copy with the highest epoch, then the highest last seq."""
-    return max(states.values(), key=lambda s: (s.epoch, s.last_seq))
+    """The copy that holds every committed message (replica_sets.most_complete)."""
+    return replica_sets.most_complete(states.values())
 
 
 def _always(new: tuple[str, ...]) -> Callable[[dict[str, Position | None]], tuple[str, ...]]:
@@ -414,7 +415,7 @@ class Placement:
                                f"{old!r}", stream=stream)
         best, mine = most_complete(fenced), fenced.get(target)
         try:
-            if mine is not None and (mine.epoch, mine.last_seq) >= (best.epoch, best.last_seq):
+            if mine is not None and completeness(mine) >= completeness(best):
                 await self._propose(raft_pb2.RaftCommand(
                     authority_set_override=raft_pb2.AuthoritySetOverride(
                         stream=stream, claimant=target, fence_epoch=epoch,

@@ -192,6 +192,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         return replication_pb2.ReplicaState(
             stream=name, node_id=self._node_id, exists=True, epoch=epoch, first_seq=first_seq,
             last_seq=last_seq, commit_seq=commit_seq, fenced_epoch=stream.record.fenced_epoch,
+            last_epoch=stream.record.last_epoch,
             serving=stream.role == ROLE_PRIMARY and stream.deposed is None)
 
     def _fence_now(self, name: str, fence_epoch: int) -> Stream | None:

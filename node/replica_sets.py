@@ -30,8 +30,10 @@ The primary is never removed.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from raftlog.v1 import replication_pb2
 
 
 @dataclass(frozen=True)
@@ -116,3 +118,17 @@ def most_behind(candidates: Sequence[str], positions: Mapping[str, Position | No
 
 def _without(replicas: Sequence[str], node: str) -> tuple[str, ...]:
     return tuple(n for n in replicas if n != node)
+
+
+def completeness(state: replication_pb2.ReplicaState) -> tuple[int, int]:
+    """How complete a copy is: (the epoch its last message was written in, its last seq),
+    compared as Raft compares (last term, last index). A copy that merely heard of a newer
+    epoch (a probe) is not more complete than a longer one: comparing the epoch it follows
+    could promote a shorter copy over one holding committed messages."""
+    return state.last_epoch, state.last_seq
+
+
+def most_complete(states: Iterable[replication_pb2.ReplicaState]
+                  ) -> replication_pb2.ReplicaState:
+    """Of a fenced majority's copies, the one that holds every committed message."""
+    return max(states, key=completeness)

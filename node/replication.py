@@ -54,6 +54,7 @@ link_queue_max = 10_000  # requests waiting on one link
 inflight_max = 4  # batches sent to one replica and not yet acknowledged
 heartbeat_commits_max = 5_000  # commit notices one heartbeat carries (the rest: the next)
 refused_retry_s = 0.1  # a replica that refused a batch (other than a gap) is asked again then
+wake_per_tick_max = 2_000  # waiting streams one link kicks per tick once it has room
 
 
 def majority(count: int) -> int:
@@ -93,7 +94,10 @@ class PeerLink:
         self.acked_sent_s = -1e9  # send time of the latest request the replica acknowledged
         self.created_s = clock.monotonic_s()
         self.commits: dict[str, tuple[int, int]] = {}  # stream -> (epoch, commit seq) to tell
+        # The call answered since it was opened: only then do streams send on it (a dead or
+        # unreachable replica costs nothing but the link's own reconnect attempts).
         self.connected = False
+        self.waiting: set[StreamReplicator] = set()  # streams to kick once it is connected
 
     def restart(self) -> None:
         """Abandons the current call (a peer that stopped answering keeps it open)."""
@@ -110,9 +114,10 @@ class PeerLink:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def send(self, request: replication_pb2.ReplicateRequest) -> int:
-        """Queues a request; its id (0 when the link's queue is full: try again later)."""
-        if self._queue.full():
+    def send(self, request: replication_pb2.ReplicateRequest, *, probe: bool = False) -> int:
+        """Queues a request; its id, or 0 when the link is not connected or its queue is full
+        (the caller waits in `waiting`). A `probe` (a heartbeat) goes out unconnected too."""
+        if self._queue.full() or not (self.connected or probe):
             return 0
         request.request_id = self._next_id
         self._next_id += 1
@@ -123,19 +128,28 @@ class PeerLink:
         return request.request_id
 
     def tick(self) -> None:
-        """Heartbeat when idle (with the pending commit notices); restart a stalled call."""
+        """Heartbeat when idle (with the pending commit notices; unconnected, it is the
+        probe whose answer connects the link); restart a stalled call; wake the streams that
+        wait for room or for the connection."""
         now = self._clock.monotonic_s()
         if self._sent and now - self._sent[0][1] > request_timeout_s:
             log.info("replication link to %s: no answer for %.1f s; reconnecting",
                      self.node_id, now - self._sent[0][1])
             self.restart()
             return
-        if now - self.last_sent_s >= heartbeat_s or self.commits:
+        if self._call is not None and (
+                (self.connected and (now - self.last_sent_s >= heartbeat_s or self.commits))
+                or (not self.connected and not self._sent)):
             heartbeat = replication_pb2.ReplicateRequest(primary=self._self_id)
-            for name in list(self.commits)[:heartbeat_commits_max]:
+            for name in list(self.commits)[:heartbeat_commits_max if self.connected else 0]:
                 epoch, commit_seq = self.commits.pop(name)
                 heartbeat.commits.add(stream=name, epoch=epoch, commit_seq=commit_seq)
-            self.send(heartbeat)
+            self.send(heartbeat, probe=True)
+        if self.connected and self.waiting and self._queue.qsize() < link_queue_max // 2:
+            for _ in range(min(len(self.waiting), wake_per_tick_max)):
+                replicator = self.waiting.pop()
+                if not replicator.stopped:
+                    replicator.kick()
 
     def _on_answer(self, ack: replication_pb2.ReplicateAck) -> None:
         if ack.request_id:
@@ -146,16 +160,23 @@ class PeerLink:
         if ack.stream:
             self._on_ack(self.node_id, ack)
 
-    async def _requests(self) -> AsyncIterator[replication_pb2.ReplicateRequest]:
+    @staticmethod
+    async def _requests(queue: asyncio.Queue[replication_pb2.ReplicateRequest]
+                        ) -> AsyncIterator[replication_pb2.ReplicateRequest]:
         while True:
-            yield await self._queue.get()
+            yield await queue.get()
 
     async def _run(self) -> None:
         while True:
+            was_connected = False
+            # A queue per call: the request generator of a call that failed may still wait on
+            # its queue, and must not take what is meant for the next call.
+            self._queue = asyncio.Queue(link_queue_max)
             try:
-                self._call = self._peers.replicate(self.node_id, self._requests())
-                self.connected = True
+                self._call = self._peers.replicate(self.node_id, self._requests(self._queue))
                 async for ack in self._call:
+                    if not self.connected:
+                        self.connected = was_connected = True  # tick() wakes the waiting
                     self._on_answer(ack)
             except asyncio.CancelledError:
                 if not self._restarting:
@@ -167,11 +188,9 @@ class PeerLink:
             self._call = None
             self._restarting = False
             self.connected = False
-            # Requests queued for a broken call are lost; their streams resend.
-            while not self._queue.empty():
-                self._queue.get_nowait()
-            self._sent.clear()
-            self._on_reset(self.node_id)
+            self._sent.clear()  # requests queued for a broken call are lost; streams resend
+            if was_connected:  # its streams sent on it: they ask again once it is back
+                self._on_reset(self.node_id)
             await asyncio.sleep(reconnect_backoff_s)
 
 
@@ -292,7 +311,7 @@ class StreamReplicator:
                                    for a, b in to_ranges(removed))
         request_id = self._links.send(progress.node_id, request)
         if not request_id:
-            self._links.blocked(self)
+            self._links.blocked(self, progress.node_id)
             return
         progress.inflight[request_id] = len(removed)
         progress.removed_sent += len(removed)
@@ -305,7 +324,7 @@ class StreamReplicator:
         progress = self.progress.get(node_id)
         if progress is not None:
             progress.reset()
-            self._links.blocked(self)  # ask the replica again once the link is back
+            self._links.blocked(self, node_id)  # ask the replica again once the link is back
 
     # --- acks
 
@@ -374,7 +393,6 @@ class LinkSet:
         self._clock = clock
         self._links: dict[str, PeerLink] = {}
         self.replicators: dict[str, StreamReplicator] = {}
-        self.waiting: set[StreamReplicator] = set()  # could not send: try again next tick
         self.later: dict[StreamReplicator, float] = {}  # refused: try again at this time
 
     def link(self, node_id: str) -> PeerLink:
@@ -400,8 +418,9 @@ class LinkSet:
             return self._clock.monotonic_s() if opened_counts else -1e9
         return max(link.acked_sent_s, link.created_s) if opened_counts else link.acked_sent_s
 
-    def blocked(self, replicator: StreamReplicator) -> None:
-        self.waiting.add(replicator)
+    def blocked(self, replicator: StreamReplicator, node_id: str) -> None:
+        """The replicator could not send to the node: the link kicks it when it can."""
+        self.link(node_id).waiting.add(replicator)
 
     def retry(self, replicator: StreamReplicator, *, after_s: float) -> None:
         self.later[replicator] = self._clock.monotonic_s() + after_s
@@ -414,16 +433,18 @@ class LinkSet:
     def tick(self) -> None:
         for link in list(self._links.values()):
             link.tick()
-        waiting, self.waiting = self.waiting, set()
         if self.later:
             now = self._clock.monotonic_s()
             due = [r for r, at in self.later.items() if at <= now]
             for replicator in due:
                 del self.later[replicator]
-            waiting.update(due)
-        for replicator in waiting:
-            if not replicator.stopped:
-                replicator.kick()
+                if not replicator.stopped:
+                    replicator.kick()
+
+    def forget(self, replicator: StreamReplicator) -> None:
+        for link in self._links.values():
+            link.waiting.discard(replicator)
+        self.later.pop(replicator, None)
 
     def _on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
         replicator = self.replicators.get(ack.stream)
@@ -483,8 +504,7 @@ class ReplicationManager:
         replicator = self.links.replicators.pop(name, None)
         if replicator is not None:
             replicator.stop()
-            self.links.waiting.discard(replicator)
-            self.links.later.pop(replicator, None)
+            self.links.forget(replicator)
             if replicator.stream.replicator is replicator:
                 replicator.stream.replicator = None
 

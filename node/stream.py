@@ -612,6 +612,7 @@ class Stream:
             if msg_id:
                 self._remember(batch, msg_id, seq=seq, now_ms=now_ms)
             record.last_seq = seq
+            record.last_epoch = record.epoch
             record.messages += 1
             record.bytes += size
             if record.messages == 1:

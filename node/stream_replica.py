@@ -146,27 +146,30 @@ def accept_replicated(stream: Stream, request: replication_pb2.ReplicateRequest)
                            f"{truncate_at - 1}; batch starts at {first_seq}",
                            last_seq=truncate_at - 1, replica_epoch=max(record.epoch, epoch))
     # Every check passed: from here on the request changes the copy.
+    history = [(e.fence_epoch, e.start_seq) for e in request.history]
     if epoch > record.epoch:
-        _truncate_from(stream, truncate_at)
+        _truncate_from(stream, truncate_at, history=history)
         record.epoch = epoch
     if request.reseed:
-        _reset_to(stream, first_seq)
+        _reset_to(stream, first_seq, history=history)
     batch = stream._storage.batch()
     touched: set[str] = set()
     for span in request.removed:
         _delete_existing(stream, batch, max(span.first, record.first_seq),
-                              min(span.last, record.last_seq) + 1, touched)
+                         min(span.last, record.last_seq) + 1, touched)
     skip = max(record.last_seq + 1 - first_seq, 0)
     for seq, value in enumerate(values[skip:], start=first_seq + skip):
         if value:
             _append_stored(stream, batch, seq, value, touched)
         else:  # removed on the primary before it was sent
             record.last_seq = seq
+            record.last_epoch = epoch_of(seq, history, default=record.last_epoch)
     batch = stream._write(batch, touched)
     if request.head_seq > record.first_seq:
         _remove_below(stream, min(request.head_seq, record.last_seq + 1))
     stream._advance_head()
     return record.last_seq
+
 
 def _delete_existing(stream: Stream, batch: WriteBatch, lower: int, upper: int,
                      touched: set[str], *, limit: int | None = None) -> int:
@@ -180,6 +183,7 @@ def _delete_existing(stream: Stream, batch: WriteBatch, lower: int, upper: int,
     for key in found:
         stream._delete_seq(batch, keys.message_seq(key), touched)
     return len(found)
+
 
 def _append_stored(stream: Stream, batch: WriteBatch, seq: int, value: bytes,
                    touched: set[str]) -> None:
@@ -199,15 +203,31 @@ def _append_stored(stream: Stream, batch: WriteBatch, seq: int, value: bytes,
         stream._remember(batch, stored.msg_id, seq=seq, now_ms=stored.ts_ms)
     touched.add(stored.subject)
     stream.record.last_seq = seq
+    stream.record.last_epoch = stored.epoch
     stream.record.messages += 1
     stream.record.bytes += stored_size(stored)
     if stream.record.messages == 1:
         stream.record.first_seq = seq
 
-def _truncate_from(stream: Stream, seq: int) -> None:
-    """Removes every message at or above `seq` (an uncommitted tail of an older epoch)."""
+
+def epoch_of(seq: int, history: Sequence[tuple[int, int]], *, default: int) -> int:
+    """The epoch seq was written in by the lineage whose (epoch, start seq) history is given:
+    the last epoch that started at or before it (`default` when the history does not reach
+    back that far)."""
+    found = default
+    for epoch, start in history:
+        if start > seq:
+            break
+        found = epoch
+    return found
+
+
+def _truncate_from(stream: Stream, seq: int, *, history: Sequence[tuple[int, int]]) -> None:
+    """Removes every message at or above `seq` (an uncommitted tail of an older epoch); what
+    stays is the prefix the new lineage (`history`) shares."""
     if seq > stream.record.last_seq:
         return
+    stream.record.last_epoch = epoch_of(seq - 1, history, default=stream.record.last_epoch)
     batch = stream._storage.batch()
     touched: set[str] = set()
     _delete_existing(stream, batch, seq, stream.record.last_seq + 1, touched)
@@ -222,16 +242,19 @@ def _truncate_from(stream: Stream, seq: int) -> None:
     stream._write(batch, touched)
     stream._advance_head()
 
+
 def _remove_below(stream: Stream, seq: int) -> None:
     """Removes messages below `seq`, at most head_removals_max of them."""
     batch = stream._storage.batch()
     touched: set[str] = set()
     _delete_existing(stream, batch, stream.record.first_seq, seq, touched,
-                          limit=head_removals_max)
+                     limit=head_removals_max)
     stream._write(batch, touched)
 
-def _reset_to(stream: Stream, first_seq: int) -> None:
+
+def _reset_to(stream: Stream, first_seq: int, *, history: Sequence[tuple[int, int]]) -> None:
     """Drops the whole local copy; the next message stored will be `first_seq`."""
+    stream.record.last_epoch = epoch_of(first_seq - 1, history, default=0)
     batch = stream._storage.batch()
     for cf in (CF_MESSAGES, CF_SUBJECTS, CF_DEDUPE):
         batch.delete_range(keys.stream_prefix(stream.stream_id),
@@ -245,6 +268,7 @@ def _reset_to(stream: Stream, first_seq: int) -> None:
     stream._commit_seq = min(stream._commit_seq, first_seq - 1)
     stream.durable_seq = first_seq - 1
     stream._write(batch, set())
+
 
 def fence_unsynced(stream: Stream, epoch: int) -> bool:
     """Refuses batches below `epoch` from now on; written, durable with the next group

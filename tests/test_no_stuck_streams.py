@@ -111,11 +111,14 @@ def test_a_fenced_survey_whose_promote_never_committed_is_driven_to_completion(
             pytest.skip("the primary was the leader")
     took = seconds_until_writable(cluster3, route.stream, since=fault_at, via=survivors,
                                   bound_s=writable_within_s + election_s_max + 10)
+    # A node's own view of the metadata may lag the commit by a moment.
+    wait_until(lambda: cluster3.cluster(survivors[0]).ExplainRoute(
+        cluster_pb2.ExplainRouteRequest(stream=route.stream),
+        timeout=call_timeout_s).fence_epoch > route.fence_epoch, 5, what="the new epoch seen")
     after = cluster3.cluster(survivors[0]).ExplainRoute(
         cluster_pb2.ExplainRouteRequest(stream=route.stream), timeout=call_timeout_s)
     print(f"{who}: writable again {took:.2f} s after the fault; epoch {route.fence_epoch} -> "
           f"{after.fence_epoch}, primary {route.primary} -> {after.primary}")
-    assert after.fence_epoch >= route.fence_epoch + 1
     bound = writable_within_s + (election_s_max if who == "a follower" else 0)
     assert took <= bound, f"writable only after {took:.2f} s (bound {bound} s)"
     info = cluster3.streams(survivors[0]).GetStreamInfo(

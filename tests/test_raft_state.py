@@ -742,3 +742,51 @@ MetaStateMachine.TestCase.settings = settings(max_examples=100, stateful_step_co
                                               deadline=None)
 test_meta_state_machine = MetaStateMachine.TestCase
 
+
+
+def test_failover_promotes_are_chunked_by_size_and_by_count() -> None:
+    from raftlog.node.failover import _chunks, promote_batch_bytes_max
+    from raftlog.raft.api import encode_command
+    from raftlog.raft.state import promotes_max
+
+    short = [raft_pb2.StreamPromote(stream=f"s{k}", new_primary="n1", new_fence_epoch=2,
+                                    epoch_start_seq=1, replicas=["n1", "n2", "n3"])
+             for k in range(2 * promotes_max + 5)]
+    long = [raft_pb2.StreamPromote(stream="x" * 120 + str(k), new_primary="n1",
+                                   new_fence_epoch=2, epoch_start_seq=1,
+                                   replicas=["n1", "n2", "n3"]) for k in range(1000)]
+    for promotes in (short, long):
+        chunks = _chunks(promotes)
+        assert [p for chunk in chunks for p in chunk] == promotes
+        for chunk in chunks:
+            assert len(chunk) <= promotes_max
+            command = raft_pb2.RaftCommand(stream_promotes=raft_pb2.StreamPromotes(
+                promotes=chunk))
+            assert command.ByteSize() <= promote_batch_bytes_max + 4096
+            encode_command(command)  # within the Raft command size limit
+
+
+def test_stream_promotes_apply_each_promote_on_its_own() -> None:
+    state = sm.MetaState()
+    for node in ("n1", "n2", "n3"):
+        ensure_ok(sm.apply(state, c.member_join(node_id=node, raft_address=f"{node}:1",
+                                                grpc_address=f"{node}:2", now_ms=1)))
+    for name in ("a", "b"):
+        ensure_ok(sm.apply(state, c.stream_create(
+            config=types_pb2.StreamConfig(name=name), replicas=["n1", "n2", "n3"],
+            primary="n1", now_ms=1)))
+    result = sm.apply(state, c.stream_promotes(promotes=[
+        raft_pb2.StreamPromote(stream="a", new_primary="n2", new_fence_epoch=2,
+                               epoch_start_seq=5),
+        raft_pb2.StreamPromote(stream="b", new_primary="n2", new_fence_epoch=7,
+                               epoch_start_seq=5),  # not epoch + 1: rejected, alone
+        raft_pb2.StreamPromote(stream="gone", new_primary="n2", new_fence_epoch=2,
+                               epoch_start_seq=1),
+    ], now_ms=2))
+    assert result.ok and result.updates_applied == 1
+    assert [(s.stream, s.reason) for s in result.skipped] == [
+        ("b", "INVALID_ARGUMENT"), ("gone", "STREAM_NOT_FOUND")]
+    assert (state.streams["a"].primary, state.streams["a"].fence_epoch) == ("n2", 2)
+    assert (state.streams["b"].primary, state.streams["b"].fence_epoch) == ("n1", 1)
+    assert state.streams_led_by("n2") == ["a"] and state.streams_led_by("n1") == ["b"]
+    sm.check_invariants(state)

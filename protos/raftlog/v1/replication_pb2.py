@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from raftlog.v1 import raft_pb2 as raftlog_dot_v1_dot_raft__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1craftlog/v1/replication.proto\x12\nraftlog.v1\x1a\x15raftlog/v1/raft.proto\"\'\n\x08SeqRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\x0c\n\x04last\x18\x02 \x01(\x04\"\xd7\x02\n\x10ReplicateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x17\n\x0f\x65poch_start_seq\x18\x03 \x01(\x04\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08messages\x18\x05 \x03(\x0c\x12\x12\n\ncommit_seq\x18\x06 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\r\x12%\n\x07removed\x18\x08 \x03(\x0b\x32\x14.raftlog.v1.SeqRange\x12\x0e\n\x06reseed\x18\t \x01(\x08\x12\x0f\n\x07primary\x18\n \x01(\t\x12\x10\n\x08head_seq\x18\x0b \x01(\x04\x12\x12\n\nrequest_id\x18\x0c \x01(\x04\x12\'\n\x07history\x18\r \x03(\x0b\x32\x16.raftlog.v1.EpochStart\x12)\n\x07\x63ommits\x18\x0e \x03(\x0b\x32\x18.raftlog.v1.StreamCommit\"A\n\x0cStreamCommit\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ncommit_seq\x18\x03 \x01(\x04\"\x8c\x01\n\x0cReplicateAck\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x15\n\rreplica_epoch\x18\x06 \x01(\x04\x12\x12\n\nrequest_id\x18\x07 \x01(\x04\"=\n\x16GetReplicaStateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\"\xae\x01\n\x0cReplicaState\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65xists\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x10\n\x08last_seq\x18\x06 \x01(\x04\x12\x12\n\ncommit_seq\x18\x07 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x08 \x01(\x04\x12\x0f\n\x07serving\x18\t \x01(\x08\"C\n\x10ReadLocalRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\r\"+\n\x0cLocalMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\x0c\"h\n\x11ReadLocalResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.raftlog.v1.LocalMessage\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x18.raftlog.v1.ReplicaState\"/\n\x0bPingRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\t\"\x86\x02\n\tPingReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bloop_lag_ms\x18\x02 \x01(\r\x12+\n\x08troubles\x18\x03 \x03(\x0b\x32\x19.raftlog.v1.StreamTrouble\x12\x36\n\tsilent_ms\x18\x04 \x03(\x0b\x32#.raftlog.v1.PingReply.SilentMsEntry\x12\r\n\x05proof\x18\x05 \x01(\t\x12\x1a\n\x12raft_applied_index\x18\x06 \x01(\x04\x12\x12\n\nraft_ready\x18\x07 \x01(\x08\x1a/\n\rSilentMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\\\n\rStreamTrouble\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x18\n\x10\x61ssignment_epoch\x18\x02 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x03 \x01(\x04\x12\x0b\n\x03why\x18\x04 \x01(\t\"1\n\nSurveyItem\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\"8\n\rSurveyRequest\x12\'\n\x07streams\x18\x01 \x03(\x0b\x32\x16.raftlog.v1.SurveyItem\"7\n\x0bSurveyReply\x12(\n\x06states\x18\x01 \x03(\x0b\x32\x18.raftlog.v1.ReplicaState2\xe7\x02\n\x0bReplication\x12G\n\tReplicate\x12\x1c.raftlog.v1.ReplicateRequest\x1a\x18.raftlog.v1.ReplicateAck(\x01\x30\x01\x12O\n\x0fGetReplicaState\x12\".raftlog.v1.GetReplicaStateRequest\x1a\x18.raftlog.v1.ReplicaState\x12H\n\tReadLocal\x12\x1c.raftlog.v1.ReadLocalRequest\x1a\x1d.raftlog.v1.ReadLocalResponse\x12\x36\n\x04Ping\x12\x17.raftlog.v1.PingRequest\x1a\x15.raftlog.v1.PingReply\x12<\n\x06Survey\x12\x19.raftlog.v1.SurveyRequest\x1a\x17.raftlog.v1.SurveyReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1craftlog/v1/replication.proto\x12\nraftlog.v1\x1a\x15raftlog/v1/raft.proto\"\'\n\x08SeqRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\x0c\n\x04last\x18\x02 \x01(\x04\"\xd7\x02\n\x10ReplicateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x17\n\x0f\x65poch_start_seq\x18\x03 \x01(\x04\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08messages\x18\x05 \x03(\x0c\x12\x12\n\ncommit_seq\x18\x06 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\r\x12%\n\x07removed\x18\x08 \x03(\x0b\x32\x14.raftlog.v1.SeqRange\x12\x0e\n\x06reseed\x18\t \x01(\x08\x12\x0f\n\x07primary\x18\n \x01(\t\x12\x10\n\x08head_seq\x18\x0b \x01(\x04\x12\x12\n\nrequest_id\x18\x0c \x01(\x04\x12\'\n\x07history\x18\r \x03(\x0b\x32\x16.raftlog.v1.EpochStart\x12)\n\x07\x63ommits\x18\x0e \x03(\x0b\x32\x18.raftlog.v1.StreamCommit\"A\n\x0cStreamCommit\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ncommit_seq\x18\x03 \x01(\x04\"\x8c\x01\n\x0cReplicateAck\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x15\n\rreplica_epoch\x18\x06 \x01(\x04\x12\x12\n\nrequest_id\x18\x07 \x01(\x04\"=\n\x16GetReplicaStateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\"\xc2\x01\n\x0cReplicaState\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65xists\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x10\n\x08last_seq\x18\x06 \x01(\x04\x12\x12\n\ncommit_seq\x18\x07 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x08 \x01(\x04\x12\x0f\n\x07serving\x18\t \x01(\x08\x12\x12\n\nlast_epoch\x18\n \x01(\x04\"C\n\x10ReadLocalRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\r\"+\n\x0cLocalMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\x0c\"h\n\x11ReadLocalResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.raftlog.v1.LocalMessage\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x18.raftlog.v1.ReplicaState\"/\n\x0bPingRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\t\"\x86\x02\n\tPingReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bloop_lag_ms\x18\x02 \x01(\r\x12+\n\x08troubles\x18\x03 \x03(\x0b\x32\x19.raftlog.v1.StreamTrouble\x12\x36\n\tsilent_ms\x18\x04 \x03(\x0b\x32#.raftlog.v1.PingReply.SilentMsEntry\x12\r\n\x05proof\x18\x05 \x01(\t\x12\x1a\n\x12raft_applied_index\x18\x06 \x01(\x04\x12\x12\n\nraft_ready\x18\x07 \x01(\x08\x1a/\n\rSilentMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\\\n\rStreamTrouble\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x18\n\x10\x61ssignment_epoch\x18\x02 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x03 \x01(\x04\x12\x0b\n\x03why\x18\x04 \x01(\t\"1\n\nSurveyItem\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\"8\n\rSurveyRequest\x12\'\n\x07streams\x18\x01 \x03(\x0b\x32\x16.raftlog.v1.SurveyItem\"7\n\x0bSurveyReply\x12(\n\x06states\x18\x01 \x03(\x0b\x32\x18.raftlog.v1.ReplicaState2\xe7\x02\n\x0bReplication\x12G\n\tReplicate\x12\x1c.raftlog.v1.ReplicateRequest\x1a\x18.raftlog.v1.ReplicateAck(\x01\x30\x01\x12O\n\x0fGetReplicaState\x12\".raftlog.v1.GetReplicaStateRequest\x1a\x18.raftlog.v1.ReplicaState\x12H\n\tReadLocal\x12\x1c.raftlog.v1.ReadLocalRequest\x1a\x1d.raftlog.v1.ReadLocalResponse\x12\x36\n\x04Ping\x12\x17.raftlog.v1.PingRequest\x1a\x15.raftlog.v1.PingReply\x12<\n\x06Survey\x12\x19.raftlog.v1.SurveyRequest\x1a\x17.raftlog.v1.SurveyReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,27 +45,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREPLICASTATEREQUEST']._serialized_start=664
   _globals['_GETREPLICASTATEREQUEST']._serialized_end=725
   _globals['_REPLICASTATE']._serialized_start=728
-  _globals['_REPLICASTATE']._serialized_end=902
-  _globals['_READLOCALREQUEST']._serialized_start=904
-  _globals['_READLOCALREQUEST']._serialized_end=971
-  _globals['_LOCALMESSAGE']._serialized_start=973
-  _globals['_LOCALMESSAGE']._serialized_end=1016
-  _globals['_READLOCALRESPONSE']._serialized_start=1018
-  _globals['_READLOCALRESPONSE']._serialized_end=1122
-  _globals['_PINGREQUEST']._serialized_start=1124
-  _globals['_PINGREQUEST']._serialized_end=1171
-  _globals['_PINGREPLY']._serialized_start=1174
-  _globals['_PINGREPLY']._serialized_end=1436
-  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_start=1389
-  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_end=1436
-  _globals['_STREAMTROUBLE']._serialized_start=1438
-  _globals['_STREAMTROUBLE']._serialized_end=1530
-  _globals['_SURVEYITEM']._serialized_start=1532
-  _globals['_SURVEYITEM']._serialized_end=1581
-  _globals['_SURVEYREQUEST']._serialized_start=1583
-  _globals['_SURVEYREQUEST']._serialized_end=1639
-  _globals['_SURVEYREPLY']._serialized_start=1641
-  _globals['_SURVEYREPLY']._serialized_end=1696
-  _globals['_REPLICATION']._serialized_start=1699
-  _globals['_REPLICATION']._serialized_end=2058
+  _globals['_REPLICASTATE']._serialized_end=922
+  _globals['_READLOCALREQUEST']._serialized_start=924
+  _globals['_READLOCALREQUEST']._serialized_end=991
+  _globals['_LOCALMESSAGE']._serialized_start=993
+  _globals['_LOCALMESSAGE']._serialized_end=1036
+  _globals['_READLOCALRESPONSE']._serialized_start=1038
+  _globals['_READLOCALRESPONSE']._serialized_end=1142
+  _globals['_PINGREQUEST']._serialized_start=1144
+  _globals['_PINGREQUEST']._serialized_end=1191
+  _globals['_PINGREPLY']._serialized_start=1194
+  _globals['_PINGREPLY']._serialized_end=1456
+  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_start=1409
+  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_end=1456
+  _globals['_STREAMTROUBLE']._serialized_start=1458
+  _globals['_STREAMTROUBLE']._serialized_end=1550
+  _globals['_SURVEYITEM']._serialized_start=1552
+  _globals['_SURVEYITEM']._serialized_end=1601
+  _globals['_SURVEYREQUEST']._serialized_start=1603
+  _globals['_SURVEYREQUEST']._serialized_end=1659
+  _globals['_SURVEYREPLY']._serialized_start=1661
+  _globals['_SURVEYREPLY']._serialized_end=1716
+  _globals['_REPLICATION']._serialized_start=1719
+  _globals['_REPLICATION']._serialized_end=2078
 # @@protoc_insertion_point(module_scope)

@@ -243,6 +243,7 @@ class ReplicaState(_message.Message):
     COMMIT_SEQ_FIELD_NUMBER: _builtins.int
     FENCED_EPOCH_FIELD_NUMBER: _builtins.int
     SERVING_FIELD_NUMBER: _builtins.int
+    LAST_EPOCH_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     node_id: _builtins.str
     exists: _builtins.bool
@@ -254,6 +255,10 @@ class ReplicaState(_message.Message):
     """The highest fence epoch the copy refuses batches below."""
     serving: _builtins.bool
     """The copy is this node's and it serves writes at `epoch`."""
+    last_epoch: _builtins.int
+    """The epoch the message at last_seq was written in: failover picks the copy with the
+    highest (last_epoch, last_seq).
+    """
     def __init__(
         self,
         *,
@@ -266,10 +271,11 @@ class ReplicaState(_message.Message):
         commit_seq: _builtins.int = ...,
         fenced_epoch: _builtins.int = ...,
         serving: _builtins.bool = ...,
+        last_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_seq", b"commit_seq", "epoch", b"epoch", "exists", b"exists", "fenced_epoch", b"fenced_epoch", "first_seq", b"first_seq", "last_seq", b"last_seq", "node_id", b"node_id", "serving", b"serving", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_seq", b"commit_seq", "epoch", b"epoch", "exists", b"exists", "fenced_epoch", b"fenced_epoch", "first_seq", b"first_seq", "last_epoch", b"last_epoch", "last_seq", b"last_seq", "node_id", b"node_id", "serving", b"serving", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -76,6 +76,7 @@ class StreamRecord(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     FENCED_EPOCH_FIELD_NUMBER: _builtins.int
+    LAST_EPOCH_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     created_ms: _builtins.int
     first_seq: _builtins.int
@@ -88,6 +89,11 @@ class StreamRecord(_message.Message):
     bytes: _builtins.int
     fenced_epoch: _builtins.int
     """Batches below this epoch are refused (set by a failover survey before the epoch exists)."""
+    last_epoch: _builtins.int
+    """The fence epoch the message at last_seq was written in (0: none held yet). Of two copies,
+    the one with the later last epoch, then the longer one, holds every committed message:
+    what a failover compares (a copy that only heard of a newer epoch is not more complete).
+    """
     @_builtins.property
     def config(self) -> _types_pb2.StreamConfig: ...
     def __init__(
@@ -102,10 +108,11 @@ class StreamRecord(_message.Message):
         messages: _builtins.int = ...,
         bytes: _builtins.int = ...,
         fenced_epoch: _builtins.int = ...,
+        last_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "config", b"config", "created_ms", b"created_ms", "epoch", b"epoch", "fenced_epoch", b"fenced_epoch", "first_seq", b"first_seq", "last_seq", b"last_seq", "messages", b"messages", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "config", b"config", "created_ms", b"created_ms", "epoch", b"epoch", "fenced_epoch", b"fenced_epoch", "first_seq", b"first_seq", "last_epoch", b"last_epoch", "last_seq", b"last_seq", "messages", b"messages", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
