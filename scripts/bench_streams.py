@@ -268,54 +268,59 @@ async def until_writable(cluster: LocalCluster, names: list[str], *, since: floa
 
 
 def run(streams: int, concurrency: int, idle_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="raftlog-bench-streams-") as workdir:
+        return run_in(Path(workdir), streams, concurrency, idle_s)
+
+
+def run_in(workdir: Path, streams: int, concurrency: int, idle_s: float) -> dict[str, Any]:
+    """The whole benchmark with the cluster's data under WORKDIR (the tests use it too)."""
     document: dict[str, Any] = {"schema": SCHEMA, "meta": {
         "streams": streams, "concurrency": concurrency, "idle_s": idle_s,
         "nproc": os.cpu_count()}}
     names = [_name(k) for k in range(streams)]
-    with tempfile.TemporaryDirectory(prefix="raftlog-bench-streams-") as workdir:
-        cluster = LocalCluster(Path(workdir) / "cluster", nodes=3)
-        try:
-            cluster.start_all(timeout_s=ready_timeout_s)
-            term0 = _term(cluster)
-            started = time.monotonic()
-            blocks = asyncio.run(create_all(cluster, streams, concurrency))
-            created_s = time.monotonic() - started
-            document["create"] = {"seconds": round(created_s, 1),
-                                  "streams_per_s": round(streams / created_s, 1),
-                                  "blocks": blocks}
-            epochs0 = asyncio.run(routes(cluster, names, concurrency))
-            document["idle"] = idle(cluster, idle_s, streams)
-            _log(f"idle: {document['idle']}")
-            acked, failures = asyncio.run(publish_all(cluster, names, concurrency))
-            epochs1 = asyncio.run(routes(cluster, names, concurrency))
-            term1 = _term(cluster)
-            document["writable"] = {"acked": acked, "of": streams, "failures": failures[:10]}
-            document["stable"] = {
-                "elections": term1 - term0,
-                "failovers": sum(epochs1[n].fence_epoch - epochs0[n].fence_epoch
-                                 for n in names),
-                "epochs_during_create": sum(epochs0[n].fence_epoch - 1 for n in names)}
-            _log(f"writable {acked}/{streams}; stability {document['stable']}")
-            leader = cluster.leader_id()
-            victim = next(i for i in sorted(cluster.running)
-                          if cluster.node(i).node_id != leader)
-            victim_id = cluster.node(victim).node_id
-            led = [n for n in names if epochs1[n].primary == victim_id]
-            killed_at = time.monotonic()
-            cluster.kill9(victim)
-            took, ok, lost = asyncio.run(until_writable(cluster, led, since=killed_at,
-                                                        concurrency=concurrency))
-            document["failover"] = {"killed": victim_id, "streams_led": len(led),
-                                    "writable_again": ok, "seconds_until_all": round(took, 2),
-                                    "not_writable": lost[:10]}
-            _log(f"kill -9 {victim_id}: {ok}/{len(led)} of its streams writable again, the "
-                 f"last after {took:.2f} s")
-        except BaseException:
-            for i in sorted(cluster.nodes):
-                _log(f"n{i} log tail:\n{cluster.log_tail(i)}")
-            raise
-        finally:
-            cluster.stop_all()
+    cluster = LocalCluster(workdir / "cluster", nodes=3)
+    try:
+        cluster.start_all(timeout_s=ready_timeout_s)
+        term0 = _term(cluster)
+        started = time.monotonic()
+        blocks = asyncio.run(create_all(cluster, streams, concurrency))
+        created_s = time.monotonic() - started
+        document["create"] = {"seconds": round(created_s, 1),
+                              "streams_per_s": round(streams / created_s, 1),
+                              "blocks": blocks}
+        epochs0 = asyncio.run(routes(cluster, names, concurrency))
+        document["idle"] = idle(cluster, idle_s, streams)
+        _log(f"idle: {document['idle']}")
+        acked, failures = asyncio.run(publish_all(cluster, names, concurrency))
+        epochs1 = asyncio.run(routes(cluster, names, concurrency))
+        term1 = _term(cluster)
+        document["writable"] = {"acked": acked, "of": streams, "failures": failures[:10]}
+        document["stable"] = {
+            "elections": term1 - term0,
+            "failovers": sum(epochs1[n].fence_epoch - epochs0[n].fence_epoch
+                             for n in names),
+            "epochs_during_create": sum(epochs0[n].fence_epoch - 1 for n in names)}
+        _log(f"writable {acked}/{streams}; stability {document['stable']}")
+        leader = cluster.leader_id()
+        victim = next(i for i in sorted(cluster.running)
+                      if cluster.node(i).node_id != leader)
+        victim_id = cluster.node(victim).node_id
+        led = [n for n in names if epochs1[n].primary == victim_id]
+        killed_at = time.monotonic()
+        cluster.kill9(victim)
+        took, ok, lost = asyncio.run(until_writable(cluster, led, since=killed_at,
+                                                    concurrency=concurrency))
+        document["failover"] = {"killed": victim_id, "streams_led": len(led),
+                                "writable_again": ok, "seconds_until_all": round(took, 2),
+                                "not_writable": lost[:10]}
+        _log(f"kill -9 {victim_id}: {ok}/{len(led)} of its streams writable again, the "
+             f"last after {took:.2f} s")
+    except BaseException:
+        for i in sorted(cluster.nodes):
+            _log(f"n{i} log tail:\n{cluster.log_tail(i)}")
+        raise
+    finally:
+        cluster.stop_all()
     return document
 
 
