@@ -19,7 +19,7 @@ class NodeConfig:
     peer_address: str = ""
     # Raft addresses of the other members at bootstrap.
     peers: tuple[str, ...] = field(default_factory=tuple)
-    # The cluster credential; required in cluster mode (node/credentials.py).
+    # The cluster credential; required in cluster mode (node/transport/credentials.py).
     cluster_secret: str = ""
     log_level: str = "INFO"
     # A replica on a member silent for longer than this is re-created on another member.

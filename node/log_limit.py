@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raftlog.node import limits
-from raftlog.node.clock import Clock, SystemClock
+from raftlog.base import limits
+from raftlog.base.clock import Clock, SystemClock
 
 SUMMARY_ATTR = "raftlog_repeat_summary"  # set on the summary records this module writes
 SUMMARY_TEMPLATE = "suppressed %d more lines like %r from %s (at most %d are written per %g s)"

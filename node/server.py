@@ -18,38 +18,39 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from raftlog.node import limits, log_limit
-from raftlog.node.clock import Clock, SystemClock
-from raftlog.node.cluster import ClusterNode
-from raftlog.node.cluster_admin import ClusterService
-from raftlog.node.cluster_services import ClusterConsumersService, ClusterStreamsService
+from raftlog.base import limits
+from raftlog.base.clock import Clock, SystemClock
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.internal import replication_pb2_grpc
+from raftlog.node import log_limit
+from raftlog.node.api.cluster import ClusterService
+from raftlog.node.api.clustered import ClusterConsumersService, ClusterStreamsService
+from raftlog.node.api.consumers import ConsumersService
+from raftlog.node.api.streams import StreamsService
+from raftlog.node.cluster.coordinator import ClusterNode
+from raftlog.node.cluster.failover import FailoverCoordinator
+from raftlog.node.cluster.liveness import LivenessMonitor
+from raftlog.node.cluster.placement import Placement
 from raftlog.node.config import NodeConfig
-from raftlog.node.consumer_raft import RaftConsumerStore
-from raftlog.node.consumer_records import RocksConsumerStore
-from raftlog.node.consumer_service import ConsumersService
-from raftlog.node.consumer_store import ConsumerStore
-from raftlog.node.consumers import ConsumerManager
-from raftlog.node.credentials import Credential
-from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
-from raftlog.node.failover import FailoverCoordinator
-from raftlog.node.forwarding import STREAM_RELAY_OPTIONS, ChannelPool, RoutingInterceptor
-from raftlog.node.liveness import LivenessMonitor
-from raftlog.node.malformed import MalformedRequestInterceptor
-from raftlog.node.peer import PEER_SERVER_OPTIONS, PeerAuthInterceptor, PeerClient
-from raftlog.node.placement import Placement
-from raftlog.node.replica import ReplicationService
-from raftlog.node.replication import ReplicationManager
-from raftlog.node.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
-from raftlog.node.stream_service import StreamsService
-from raftlog.node.streams import StreamEngine
-from raftlog.node.subscriptions import SubscriptionLimitInterceptor
+from raftlog.node.consumers.manager import ConsumerManager
+from raftlog.node.consumers.raft_store import RaftConsumerStore
+from raftlog.node.consumers.rocks_store import RocksConsumerStore
+from raftlog.node.consumers.store import ConsumerStore
+from raftlog.node.engine.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
+from raftlog.node.engine.streams import StreamEngine
+from raftlog.node.replication.primary import ReplicationManager
+from raftlog.node.replication.service import ReplicationService
+from raftlog.node.transport.credentials import Credential
+from raftlog.node.transport.forwarding import STREAM_RELAY_OPTIONS, ChannelPool, RoutingInterceptor
+from raftlog.node.transport.malformed import MalformedRequestInterceptor
+from raftlog.node.transport.peer import PEER_SERVER_OPTIONS, PeerAuthInterceptor, PeerClient
+from raftlog.node.transport.subscriptions import SubscriptionLimitInterceptor
 from raftlog.raft.group import RaftGroup
 from raftlog.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
     consumers_pb2,
     consumers_pb2_grpc,
-    replication_pb2_grpc,
     streams_pb2,
     streams_pb2_grpc,
 )

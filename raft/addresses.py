@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from raftlog.node.errors import RaftlogError, Reason
+from raftlog.base.errors import RaftlogError, Reason
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -30,9 +30,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from raftlog.node.errors import RaftlogError, Reason
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2
 from raftlog.raft.state import MetaState
-from raftlog.v1 import raft_pb2
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
+from raftlog.internal import raft_pb2
+from raftlog.v1 import consumers_pb2, types_pb2
 
 Command = raft_pb2.RaftCommand
 

@@ -13,7 +13,7 @@ that applies them (message interception, the election deadline) is in raft/group
   thread (the gap between consecutive ticks, worst in the last `delay_window_s`): at least
   `delay_factor` times it, never below the configured values, never above the caps. On an idle
   machine nothing changes; on a starved one elections wait instead of firing.
-- **A stuck node does not lead**: when the node's serving loop is stuck (node/liveness.py) a
+- **A stuck node does not lead**: when the node's serving loop is stuck (node/cluster/liveness.py) a
   leader steps down and a follower does not stand for election.
 """
 

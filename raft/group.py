@@ -60,8 +60,9 @@ from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
 from rocksdict import Rdict
 
-from raftlog.node.clock import Clock, SystemClock
-from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.base.clock import Clock, SystemClock
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.internal import raft_pb2
 from raftlog.raft import elections, wire
 from raftlog.raft.addresses import check_raft_config, split_address
 from raftlog.raft.api import (
@@ -81,7 +82,6 @@ from raftlog.raft.api import (
 from raftlog.raft.journal import RocksJournal
 from raftlog.raft.snapshot_file import fsync_directory, read_snapshot_file, write_snapshot_file
 from raftlog.raft.state import MetaState, apply, encode_snapshot, from_snapshot, rejected
-from raftlog.v1 import raft_pb2
 
 log = logging.getLogger(__name__)
 

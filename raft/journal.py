@@ -35,7 +35,7 @@ from typing import Any, overload
 
 from rocksdict import Rdict, WriteBatch
 
-from raftlog.node.errors import InvariantViolation
+from raftlog.base.errors import InvariantViolation
 
 Entry = tuple[bytes, int, int]  # (command, raft index, term), pysyncobj's entry shape
 

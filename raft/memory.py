@@ -15,8 +15,9 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from raftlog.node.clock import Clock, SystemClock
-from raftlog.node.errors import RaftlogError, Reason
+from raftlog.base.clock import Clock, SystemClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2
 from raftlog.raft.api import (
     OUTCOME_NOT_COMMITTED,
     Applied,
@@ -31,7 +32,6 @@ from raftlog.raft.api import (
     stamped,
 )
 from raftlog.raft.state import MetaState, apply
-from raftlog.v1 import raft_pb2
 
 
 class MemoryRaftGroup:

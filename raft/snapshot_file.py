@@ -13,9 +13,9 @@ import struct
 import zlib
 from pathlib import Path
 
-from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.storage import fsync_dir
-from raftlog.v1 import raft_pb2
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.base.files import fsync_dir
+from raftlog.internal import raft_pb2
 
 _SNAPSHOT_MAGIC = b"RLSNAP1\n"
 _SNAPSHOT_HEADER = struct.Struct(">II")  # crc32 of the payload, payload length

@@ -29,9 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raftlog.node import limits, subjects
-from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
-from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
+from raftlog.base import limits, subjects
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.internal import raft_pb2
+from raftlog.v1 import consumers_pb2, types_pb2
 
 # Limits of the metadata (units last).
 members_max = 1_024

@@ -43,9 +43,9 @@ from typing import Any
 import bench_failover  # scripts/ is sys.path[0]
 import grpc
 
-from raftlog.node import cli_format as fmt
-from raftlog.node import loadgen, localcluster
-from raftlog.node.client import Client, describe_failure
+from raftlog.node.cli import format as fmt
+from raftlog.node.cli import loadgen, localcluster
+from raftlog.node.cli.client import Client, describe_failure
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, consumers_pb2, streams_pb2, types_pb2
 
 ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
@@ -182,7 +182,7 @@ def _free_port() -> int:
 
 
 class BenchCluster:
-    """A local cluster (node/localcluster.py) for replicated runs; the client talks to the
+    """A local cluster (node/cli/localcluster.py) for replicated runs; the client talks to the
     stream's primary, as the JetStream peer talks to the stream leader."""
 
     def __init__(self, workdir: Path, *, nodes: int) -> None:

@@ -1,5 +1,5 @@
 """`LocalCluster`: N real `raftlog node` processes in Raft cluster mode for multi-process tests,
-built on raftlog.node.localcluster (same layout, ports, pid files and pid-checked stopping).
+built on raftlog.node.cli.localcluster (same layout, ports, pid files and pid-checked stopping).
 
 Ports come from a probed free range below the kernel's ephemeral range, so they do not collide
 with the port-0 binds other fixtures use. Nodes are numbered from 1 like their ids (`n1`...).
@@ -20,17 +20,12 @@ from typing import Any
 
 import grpc
 
-from raftlog.node import localcluster
-from raftlog.node.cluster_admin import ADMIN_METHODS, admin_metadata
-from raftlog.node.credentials import PEER_TOKEN_HEADER, Credential, read_secret_file
-from raftlog.node.localcluster import LocalClusterError, LocalNode, NodeSpec, Refusal
-from raftlog.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
-    consumers_pb2_grpc,
-    replication_pb2_grpc,
-    streams_pb2_grpc,
-)
+from raftlog.internal import replication_pb2_grpc
+from raftlog.node.api.cluster import ADMIN_METHODS, admin_metadata
+from raftlog.node.cli import localcluster
+from raftlog.node.cli.localcluster import LocalClusterError, LocalNode, NodeSpec, Refusal
+from raftlog.node.transport.credentials import PEER_TOKEN_HEADER, Credential, read_secret_file
+from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, consumers_pb2_grpc, streams_pb2_grpc
 from tests import workload as wl
 from tests.nodeproc import wait_until as _wait_until
 

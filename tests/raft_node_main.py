@@ -29,12 +29,12 @@ from typing import Any
 
 from rocksdict import Options, Rdict
 
-from raftlog.node.errors import RaftlogError
+from raftlog.base.errors import RaftlogError
+from raftlog.internal import raft_pb2
 from raftlog.raft import commands
 from raftlog.raft.api import LeaderChange
 from raftlog.raft.group import RaftGroup
 from raftlog.raft.state import to_snapshot
-from raftlog.v1 import raft_pb2
 
 JOURNAL_CFS = ("raft_log", "raft_meta")
 

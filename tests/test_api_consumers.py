@@ -26,9 +26,9 @@ from typing import Any
 import grpc
 import pytest
 
-from raftlog.node import limits
-from raftlog.node.errors import Reason
-from raftlog.node.rpc import from_rpc_error
+from raftlog.base import limits
+from raftlog.base.errors import Reason
+from raftlog.node.transport.rpc import from_rpc_error, grpc_status
 from raftlog.v1 import consumers_pb2, streams_pb2, types_pb2
 from tests.conftest import Clients
 from tests.nodeproc import NodeProcess, wait_until
@@ -38,8 +38,8 @@ STREAM = "orders"
 WORK_QUEUE = types_pb2.RETENTION_POLICY_WORK_QUEUE
 INTEREST = types_pb2.RETENTION_POLICY_INTEREST
 RPC_TIMEOUT_S = 15.0
-# The dead-letter headers are part of the API (node/consumers.py DLQ_HEADERS); spelled out here
-# so that renaming one breaks this test.
+# The dead-letter headers are part of the API (node/consumers/manager.py DLQ_HEADERS); spelled
+# out here so that renaming one breaks this test.
 DLQ_STREAM, DLQ_CONSUMER, DLQ_SEQ, DLQ_SUBJECT, DLQ_DELIVERIES = (
     "raftlog-dlq-stream", "raftlog-dlq-consumer", "raftlog-dlq-seq", "raftlog-dlq-subject",
     "raftlog-dlq-deliveries")
@@ -76,7 +76,7 @@ def expect_error(call: Any, request: Any, reason: Reason) -> dict[str, str]:
         reply = call(request, timeout=RPC_TIMEOUT_S)
         if isinstance(reply, grpc.Call) and hasattr(reply, "__iter__"):
             list(reply)
-    assert info.value.code() == reason.status, info.value.details()
+    assert info.value.code() == grpc_status(reason), info.value.details()
     err = from_rpc_error(info.value)
     assert err is not None and err.reason is reason, (info.value.details(), err)
     return dict(err.metadata)
@@ -1074,7 +1074,7 @@ def test_settling_a_seq_nobody_delivered_refuses_that_seq_alone(
     request.stream = stream
     reply = getattr(clients.consumers, method)(request, timeout=RPC_TIMEOUT_S)
     assert [(r.seq, r.error.reason) for r in reply.results] == results
-    assert all(r.error.code == Reason.NOT_DELIVERED.status.value[0]
+    assert all(r.error.code == grpc_status(Reason.NOT_DELIVERED).value[0]
                for r in reply.results if r.error.reason)
     assert reply.applied == applied
     assert seqs_of(fetch(clients, stream=stream)) == next_fetch

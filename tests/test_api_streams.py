@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from raftlog.node import limits
-from raftlog.node.batches import acked_seqs
-from raftlog.node.errors import Reason
-from raftlog.node.rpc import from_rpc_error
+from raftlog.base import limits
+from raftlog.base.errors import Reason
+from raftlog.node.api.batches import acked_seqs
+from raftlog.node.transport.rpc import from_rpc_error, grpc_status
 from raftlog.v1 import streams_pb2, types_pb2
 from tests.conftest import Clients
 from tests.nodeproc import NodeProcess
@@ -17,7 +17,7 @@ from tests.nodeproc import NodeProcess
 def expect_error(call: object, request: object, reason: Reason) -> dict[str, str]:
     with pytest.raises(grpc.RpcError) as info:
         call(request, timeout=10)  # type: ignore[operator]
-    assert info.value.code() == reason.status, info.value.details()
+    assert info.value.code() == grpc_status(reason), info.value.details()
     err = from_rpc_error(info.value)
     assert err is not None and err.reason is reason, info.value.details()
     return err.metadata

@@ -19,11 +19,11 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc_health.v1 import health_pb2  # noqa: F401 - registers grpc.health.v1 in the pool
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from raftlog.node import limits, rpc
-from raftlog.node.errors import Reason
+from raftlog.base import limits
+from raftlog.base.errors import Reason
+from raftlog.node.transport import rpc
 from raftlog.v1 import (
     cluster_pb2,
-    cluster_pb2_grpc,  # noqa: F401 - registers raftlog.v1.Cluster in the pool
     consumers_pb2,
     consumers_pb2_grpc,
     streams_pb2,

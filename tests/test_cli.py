@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import cli_format as fmt
-from raftlog.node.cli import main
+from raftlog.node.cli import format as fmt
+from raftlog.node.cli.main import main
 from raftlog.v1 import types_pb2
 from tests.nodeproc import NodeProcess, free_port
 

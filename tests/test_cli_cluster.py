@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import cli_cluster
-from raftlog.node.cli import main
-from raftlog.node.cli_base import UsageError
+from raftlog.node.cli import cluster as cli_cluster
+from raftlog.node.cli.base import UsageError
+from raftlog.node.cli.main import main
 from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 from tests.nodeproc import free_port, wait_until

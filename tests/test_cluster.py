@@ -9,9 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftlog.node.errors import Reason
-from raftlog.node.rpc import from_rpc_error
-from raftlog.v1 import cluster_pb2, consumers_pb2, replication_pb2, streams_pb2, types_pb2
+from raftlog.base.errors import Reason
+from raftlog.internal import replication_pb2
+from raftlog.node.transport.rpc import from_rpc_error
+from raftlog.v1 import cluster_pb2, consumers_pb2, streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 from tests.nodeproc import NodeProcess, free_port, wait_until
 

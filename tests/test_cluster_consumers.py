@@ -19,8 +19,8 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from raftlog.node.errors import Reason
-from raftlog.node.rpc import from_rpc_error
+from raftlog.base.errors import Reason
+from raftlog.node.transport.rpc import from_rpc_error
 from raftlog.v1 import cluster_pb2, consumers_pb2, streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 

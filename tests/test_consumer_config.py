@@ -1,4 +1,4 @@
-"""Consumer config validation (node/consumer_config.py): every rejection, the defaults, and the
+"""Consumer config validation (node/consumers/config.py): every rejection, the defaults, and the
 work-queue filter overlap rule. Each case is named after the rule it checks."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import limits
-from raftlog.node.consumer_config import check_work_queue_filter, filters_overlap, validate_config
-from raftlog.node.errors import RaftlogError, Reason
+from raftlog.base import limits
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.node.consumers.config import check_work_queue_filter, filters_overlap, validate_config
 from raftlog.v1 import consumers_pb2
 
 P = consumers_pb2.DeliverPolicy

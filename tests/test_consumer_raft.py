@@ -1,4 +1,4 @@
-"""RaftConsumerStore (node/consumer_raft.py): consumer state committed through the metadata
+"""RaftConsumerStore (node/consumers/raft_store.py): consumer state committed through the metadata
 group, coalesced into few commands, and resumed by a new primary after failover (G5).
 
 In-memory twins throughout (MemoryRaftGroup, MemoryStreamLog, FakeClock); async tests run with
@@ -16,19 +16,25 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import consumer_raft, limits
-from raftlog.node.clock import FakeClock
-from raftlog.node.consumer_config import validate_config
-from raftlog.node.consumer_raft import RaftConsumerStore, build_commands, record_from_assignment
-from raftlog.node.consumer_state import DeliveryState
-from raftlog.node.consumers import ConsumerManager
-from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.log import MemoryStreamLog
+from raftlog.base import limits
+from raftlog.base.clock import FakeClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2, storage_pb2
+from raftlog.node.consumers import raft_store as consumer_raft
+from raftlog.node.consumers.config import validate_config
+from raftlog.node.consumers.manager import ConsumerManager
+from raftlog.node.consumers.raft_store import (
+    RaftConsumerStore,
+    build_commands,
+    record_from_assignment,
+)
+from raftlog.node.consumers.state import DeliveryState
+from raftlog.node.engine.log import MemoryStreamLog
 from raftlog.raft import commands as c
 from raftlog.raft.api import command_bytes_max, ensure_ok
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.raft.state import ConsumerAssignment
-from raftlog.v1 import consumers_pb2, raft_pb2, storage_pb2, types_pb2
+from raftlog.v1 import consumers_pb2, types_pb2
 
 STREAM = "orders"
 NODE = "n1"

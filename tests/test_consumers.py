@@ -1,4 +1,5 @@
-"""The consumer engine (node/consumers.py, node/consumer_state.py) and the Consumers gRPC service.
+"""The consumer engine (node/consumers/manager.py, node/consumers/state.py) and the Consumers
+gRPC service.
 
 In-memory twins throughout (MemoryStreamLog, MemoryConsumerStore, FakeClock); async tests run
 with `asyncio.run` through `run_async`. Each test is named after the rule it checks.
@@ -23,13 +24,15 @@ from typing import Any
 import grpc
 import pytest
 
-from raftlog.node import limits, rpc
-from raftlog.node.clock import FakeClock, SystemClock
-from raftlog.node.consumer_service import ConsumersService
-from raftlog.node.consumer_store import MemoryConsumerStore
-from raftlog.node.consumers import DLQ_HEADERS, ConsumerManager, Settled
-from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
-from raftlog.node.log import LogEntry, MemoryStreamLog
+from raftlog.base import limits
+from raftlog.base.clock import FakeClock, SystemClock
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.node.api.consumers import ConsumersService
+from raftlog.node.consumers.manager import DLQ_HEADERS, ConsumerManager, Settled
+from raftlog.node.consumers.store import MemoryConsumerStore
+from raftlog.node.engine.log import LogEntry, MemoryStreamLog
+from raftlog.node.transport import rpc
+from raftlog.node.transport.rpc import grpc_status
 from raftlog.v1 import consumers_pb2, consumers_pb2_grpc, types_pb2
 
 P = consumers_pb2.DeliverPolicy
@@ -556,7 +559,7 @@ async def test_a_never_delivered_seq_is_refused_alone_and_the_rest_of_the_call_a
     assert refusals(settled) == {bad_seq: Reason.NOT_DELIVERED}
     error = settled.refused[bad_seq]
     assert error.metadata["seq"] == str(bad_seq)
-    assert error.status == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.status_name == "FAILED_PRECONDITION"
     assert env.state().num_ack_pending == PENDING_AFTER[method]
     if method in ("ack", "term"):
         assert 1 in saved_acks(env)  # durable on return, despite the refused seq
@@ -1029,7 +1032,7 @@ async def test_a_new_primary_behind_on_its_commit_seq_answers_catching_up_per_se
     env.restart()
     settled = await env.manager.ack(STREAM, "c", [1, 3])
     assert refusals(settled) == {3: Reason.CATCHING_UP}
-    assert settled.refused[3].status == grpc.StatusCode.UNAVAILABLE
+    assert settled.refused[3].status_name == "UNAVAILABLE"
     log.committed = 4
     assert (await env.manager.ack(STREAM, "c", [3])).applied == 1
 
@@ -1119,7 +1122,7 @@ async def test_service_rejects_bad_requests_with_catalogued_reasons() -> None:
                 await getattr(stub, method)(request)
             error = rpc.from_rpc_error(caught.value)
             assert error is not None and error.reason == reason, (rule, caught.value)
-            assert caught.value.code() == reason.status, rule
+            assert caught.value.code() == grpc_status(reason), rule
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             async for _ in stub.Subscribe(consumers_pb2.SubscribeRequest(
                     stream=STREAM, consumer="c", heartbeat_ms=1)):

@@ -1,5 +1,5 @@
-"""node/existence.py: a clustered node answers STREAM_NOT_FOUND / CONSUMER_NOT_FOUND only once
-the metadata group confirms it; before that it answers CATCHING_UP and brings its copy in line.
+"""node/cluster/existence.py: a clustered node answers STREAM_NOT_FOUND / CONSUMER_NOT_FOUND only
+once the metadata group confirms it; before that it answers CATCHING_UP and brings its copy in line.
 
 In-process: a ClusterNode over the in-memory metadata group (MemoryRaftGroup), a real
 StreamEngine on RocksDB in tmp_path, no sockets. Each test is named after the rule it checks.
@@ -15,19 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.node.clock import FakeClock
-from raftlog.node.cluster import ClusterNode
+from raftlog.base.clock import FakeClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2
+from raftlog.node.cluster.coordinator import ClusterNode
+from raftlog.node.cluster.existence import ExistenceCheck
 from raftlog.node.config import NodeConfig
-from raftlog.node.consumer_raft import RaftConsumerStore
-from raftlog.node.consumers import ConsumerManager
-from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.existence import ExistenceCheck
-from raftlog.node.storage import GroupCommitter, Storage
-from raftlog.node.streams import StreamEngine
+from raftlog.node.consumers.manager import ConsumerManager
+from raftlog.node.consumers.raft_store import RaftConsumerStore
+from raftlog.node.engine.storage import GroupCommitter, Storage
+from raftlog.node.engine.streams import StreamEngine
 from raftlog.raft import commands as c
 from raftlog.raft.api import ensure_ok
 from raftlog.raft.memory import MemoryRaftGroup
-from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
+from raftlog.v1 import consumers_pb2, types_pb2
 
 NODE = "n1"
 STREAM = "orders"
@@ -117,7 +118,7 @@ def test_a_node_that_lags_the_metadata_answers_catching_up_not_not_found(
         proposals = env.group.proposals
         answer = await env.confirm(consumer_not_found("c1"), consumer="c1")
         assert answer.reason is Reason.CATCHING_UP
-        assert answer.status.name == "UNAVAILABLE" and "retry_after_ms" in answer.metadata
+        assert answer.status_name == "UNAVAILABLE" and "retry_after_ms" in answer.metadata
         assert env.group.proposals == proposals  # no barrier: it could not commit
 
     run(tmp_path, body, caught_up=lag != "not_caught_up")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from raftlog.node import replication
+from raftlog.node.replication import primary as replication
 from raftlog.v1 import cluster_pb2
 from tests import workload as wl
 from tests.clusterproc import LocalCluster
@@ -40,7 +40,7 @@ drain_timeout_s = 20.0  # > the consumer's ack wait: unacked deliveries come bac
 converge_timeout_s = 20.0
 ack_wait_ms = 5_000
 # SIGSTOP lasts until another node took the stream over, and at least this: longer than the
-# primary's lease (node/replication.py) and than issue 4's "~2 s".
+# primary's lease (node/replication/primary.py) and than issue 4's "~2 s".
 sigstop_s = max(2.0, 4 * replication.lease_s)
 probe_s = 5.0  # clients pinned to a deposed primary run this long after it resumes
 probe_messages = 200

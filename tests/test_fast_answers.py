@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from raftlog.node import replication
+from raftlog.node.replication import primary as replication
 from raftlog.v1 import streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 from tests.test_no_stuck_streams import create

@@ -1,5 +1,5 @@
 """The repo is ruff-clean and mypy-strict-clean, as `scripts/typecheck` checks it, and
-docs/limits.md documents every limit in node/limits.py with its current value.
+docs/limits.md documents every limit in base/limits.py with its current value.
 
 Fails with the tools' own output. Two more tests run the script on a tiny copy of the layout
 with one bad module, to show the checks can fail and that generated code is skipped.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.node import limits
+from raftlog.base import limits
 
 ROOT = Path(__file__).resolve().parents[1]
 # A cold mypy run over the repo with the protobuf and grpc stubs takes ~20 s on 2 cores.
@@ -64,7 +64,7 @@ def layout_copy(tmp_path: Path) -> Path:
     )
     shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
     shutil.copytree(ROOT / "protos", copy / "protos")
-    for part in ("node", "raft", "chaos"):
+    for part in ("base", "node", "raft", "chaos"):
         (copy / part).mkdir()
         (copy / part / "__init__.py").write_text("")
     (copy / "node" / "bad.py").write_text(BAD_MODULE)
@@ -95,7 +95,7 @@ def test_ruff_reports_an_unused_import_and_skips_generated_code(layout_copy: Pat
 
 
 def test_every_limit_is_documented_with_its_value() -> None:
-    """Each constant in node/limits.py has a row `| `name` | value ... |` in docs/limits.md."""
+    """Each constant in base/limits.py has a row `| `name` | value ... |` in docs/limits.md."""
     documented: dict[str, str] = {}
     for line in (ROOT / "docs" / "limits.md").read_text().splitlines():
         row = re.match(r"\|\s*`(\w+)`\s*\|\s*([0-9][0-9,]*(?:\.[0-9]+)?)", line)

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import cli_cluster, localcluster
-from raftlog.node.localcluster import (
+from raftlog.node.cli import cluster as cli_cluster
+from raftlog.node.cli import localcluster
+from raftlog.node.cli.localcluster import (
     LocalClusterError,
     ProcessState,
     Refusal,

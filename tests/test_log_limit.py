@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from raftlog.node import limits, log_limit
-from raftlog.node.clock import FakeClock
+from raftlog.base import limits
+from raftlog.base.clock import FakeClock
+from raftlog.node import log_limit
 
 RECORDS_MAX = 3
 WINDOW_S = 10.0

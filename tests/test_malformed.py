@@ -1,7 +1,7 @@
-"""The malformed-request guard (node/malformed.py) on an in-process grpc.aio server: each call
-shape answers unparseable bytes with INVALID_ARGUMENT / MALFORMED_REQUEST, no handler sees the
-bad request, and nothing is logged with a traceback. Multi-process tests against a real node
-are in tests/test_bad_input.py."""
+"""The malformed-request guard (node/transport/malformed.py) on an in-process grpc.aio server: each
+call shape answers unparseable bytes with INVALID_ARGUMENT / MALFORMED_REQUEST, no handler sees the
+bad request, and nothing is logged with a traceback. Multi-process tests against a real node are in
+tests/test_bad_input.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import pytest
 
-from raftlog.node import rpc
-from raftlog.node.errors import Reason
-from raftlog.node.malformed import MalformedRequestInterceptor
+from raftlog.base.errors import Reason
+from raftlog.node.transport import rpc
+from raftlog.node.transport.malformed import MalformedRequestInterceptor
 from raftlog.v1 import streams_pb2
 
 call_timeout_s = 5.0

@@ -21,7 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftlog.v1 import cluster_pb2, replication_pb2, streams_pb2, types_pb2
+from raftlog.internal import replication_pb2
+from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 from tests.nodeproc import wait_until
 

@@ -26,18 +26,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftlog.node.credentials import PEER_TOKEN_HEADER, Credential, estimate_entropy_bits
-from raftlog.node.errors import Reason
-from raftlog.node.rpc import from_rpc_error
-from raftlog.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
-    raft_pb2,
-    replication_pb2,
-    replication_pb2_grpc,
-    streams_pb2,
-    types_pb2,
-)
+from raftlog.base.errors import Reason
+from raftlog.internal import raft_pb2, replication_pb2, replication_pb2_grpc
+from raftlog.node.transport.credentials import PEER_TOKEN_HEADER, Credential, estimate_entropy_bits
+from raftlog.node.transport.rpc import from_rpc_error
+from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 from tests.nodeproc import free_port, wait_until
 
@@ -113,7 +106,7 @@ def test_peer_calls_without_the_cluster_credential_change_nothing(
     before = replica_state()
 
     def metadata(method: str) -> tuple[tuple[str, str], ...]:
-        path = f"/raftlog.v1.Replication/{method}"
+        path = f"/raftlog.internal.Replication/{method}"
         if signed_with == "nothing":
             return ()
         if signed_with == "another secret":

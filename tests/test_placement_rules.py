@@ -1,6 +1,6 @@
-"""Placement rules without processes: the replica-set change rule (node/replica_sets.py, table
-driven) and migrations that fail midway (node/placement.py over the in-memory metadata group
-and scripted replica answers): the stream always ends with a serving primary."""
+"""Placement rules without processes: the replica-set change rule (node/cluster/replica_sets.py,
+table driven) and migrations that fail midway (node/cluster/placement.py over the in-memory metadata
+group and scripted replica answers): the stream always ends with a serving primary."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from raftlog.node import placement as placement_module
-from raftlog.node.clock import SystemClock
-from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.placement import Placement
-from raftlog.node.replica_sets import Position, Shape, holders, is_safe, next_replicas
+from raftlog.base.clock import SystemClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2, replication_pb2
+from raftlog.node.cluster import placement as placement_module
+from raftlog.node.cluster.placement import Placement
+from raftlog.node.cluster.replica_sets import Position, Shape, holders, is_safe, next_replicas
 from raftlog.raft.memory import MemoryRaftGroup
-from raftlog.v1 import raft_pb2, replication_pb2, types_pb2
+from raftlog.v1 import types_pb2
 
 # --------------------------------------------------------------------------- replica_sets
 

@@ -1,4 +1,5 @@
-"""The committed generated code under protos/raftlog/v1 matches its .proto files.
+"""The committed generated code under protos/raftlog/v1 (the public API) and
+protos/raftlog/internal (node-to-node, Raft and on-disk records) matches its .proto files.
 
 Regenerates with `scripts/gen-protos OUT_DIR` into a temporary directory (never the repo) and
 names every committed `*_pb2*.py(i)` that differs, is missing, or has no .proto any more.
@@ -12,15 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_DIR = ROOT / "protos" / "raftlog" / "v1"
+PROTO_PACKAGES = ("v1", "internal")
 # What protoc writes for each `<name>.proto` with the flags in scripts/gen-protos.
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 gen_protos_timeout_s = 120
 
 
 def regenerate(*, root: Path, out_dir: Path) -> Path:
-    """Runs `root`/scripts/gen-protos into `out_dir`; returns the directory of the v1 files."""
+    """Runs `root`/scripts/gen-protos into `out_dir`; returns the directory of the v1 files
+    (the internal ones are beside it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = None
     if sys.prefix != sys.base_prefix:
@@ -55,15 +60,17 @@ def stale_files(*, committed_dir: Path, generated_dir: Path) -> list[str]:
     return problems
 
 
-def test_committed_generated_code_matches_the_protos(tmp_path: Path) -> None:
-    generated_dir = regenerate(root=ROOT, out_dir=tmp_path)
+@pytest.mark.parametrize("package", PROTO_PACKAGES)
+def test_committed_generated_code_matches_the_protos(tmp_path: Path, package: str) -> None:
+    generated_dir = regenerate(root=ROOT, out_dir=tmp_path).parent / package
+    committed_dir = COMMITTED_DIR.parent / package
     expected = {
         proto.stem + suffix
-        for proto in COMMITTED_DIR.glob("*.proto")
+        for proto in committed_dir.glob("*.proto")
         for suffix in GENERATED_SUFFIXES
     }
     assert expected <= {path.name for path in generated_dir.iterdir()}
-    problems = stale_files(committed_dir=COMMITTED_DIR, generated_dir=generated_dir)
+    problems = stale_files(committed_dir=committed_dir, generated_dir=generated_dir)
     assert not problems, "generated protobuf code is out of date:\n" + "\n".join(problems)
 
 

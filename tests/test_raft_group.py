@@ -36,8 +36,9 @@ from pysyncobj import FAIL_REASON
 from pysyncobj.node import TCPNode
 from rocksdict import Options, Rdict
 
-from raftlog.node.clock import FakeClock
-from raftlog.node.errors import RaftlogError, Reason
+from raftlog.base.clock import FakeClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2
 from raftlog.raft import commands as c
 from raftlog.raft import group as group_module
 from raftlog.raft import wire
@@ -47,7 +48,6 @@ from raftlog.raft.group import RaftGroup, failure_error
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.raft.snapshot_file import read_snapshot_file
 from raftlog.raft.state import to_snapshot
-from raftlog.v1 import raft_pb2
 from tests.nodeproc import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -721,7 +721,7 @@ def test_pysyncobj_failures_map_to_catalogued_errors(fail_reason: int, reason: R
                                                      outcome: str) -> None:
     error = failure_error(fail_reason)
     assert error.reason is reason and error.metadata["outcome"] == outcome
-    assert reason.status.name in ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION")
+    assert reason.status_name in ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION")
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0:7401", "10.1.2.3:7401", "[::]:7401"])

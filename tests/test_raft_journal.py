@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pysyncobj.journal import MemoryJournal
 from rocksdict import Options, Rdict
 
-from raftlog.node.errors import InvariantViolation
+from raftlog.base.errors import InvariantViolation
 from raftlog.raft.journal import NO_OP_COMMAND, RocksJournal
 
 CFS = ("raft_log", "raft_meta")

@@ -12,8 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from raftlog.node import limits
-from raftlog.node.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.base import limits
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.internal import raft_pb2
 from raftlog.raft import commands as c
 from raftlog.raft import state as sm
 from raftlog.raft.api import ensure_ok
@@ -25,7 +26,7 @@ from raftlog.raft.state import (
     from_snapshot,
     to_snapshot,
 )
-from raftlog.v1 import consumers_pb2, raft_pb2, types_pb2
+from raftlog.v1 import consumers_pb2, types_pb2
 
 NOW_MS = 1_700_000_000_000
 ALIVE, SUSPECT, DEAD = (raft_pb2.MEMBER_STATUS_ALIVE, raft_pb2.MEMBER_STATUS_SUSPECT,
@@ -745,7 +746,7 @@ test_meta_state_machine = MetaStateMachine.TestCase
 
 
 def test_failover_promotes_are_chunked_by_size_and_by_count() -> None:
-    from raftlog.node.failover import _chunks, promote_batch_bytes_max
+    from raftlog.node.cluster.failover import _chunks, promote_batch_bytes_max
     from raftlog.raft.api import encode_command
     from raftlog.raft.state import promotes_max
 

@@ -10,12 +10,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from raftlog.node.clock import FakeClock
-from raftlog.node.replica import ReplicationService
-from raftlog.node.storage import GroupCommitter, Storage
-from raftlog.node.stream import Stream
-from raftlog.node.streams import NoConsumers, StreamEngine
-from raftlog.v1 import raft_pb2, replication_pb2, storage_pb2, types_pb2
+from raftlog.base.clock import FakeClock
+from raftlog.internal import raft_pb2, replication_pb2, storage_pb2
+from raftlog.node.engine.storage import GroupCommitter, Storage
+from raftlog.node.engine.stream import Stream
+from raftlog.node.engine.streams import NoConsumers, StreamEngine
+from raftlog.node.replication.service import ReplicationService
+from raftlog.v1 import types_pb2
 
 T = TypeVar("T")
 

@@ -19,18 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftlog.node import keys
-from raftlog.node.storage import CF_DEDUPE, CF_MESSAGES, CF_STREAM_STATE, CF_SUBJECTS
-from raftlog.node.stream import Stream
-from raftlog.node.stream_replica import seq_max
-from raftlog.v1 import (
-    cluster_pb2,
-    raft_pb2,
-    replication_pb2,
-    storage_pb2,
-    streams_pb2,
-    types_pb2,
-)
+from raftlog.internal import raft_pb2, replication_pb2, storage_pb2
+from raftlog.node.engine import keys
+from raftlog.node.engine.storage import CF_DEDUPE, CF_MESSAGES, CF_STREAM_STATE, CF_SUBJECTS
+from raftlog.node.engine.stream import Stream
+from raftlog.node.replication.replica import seq_max
+from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 from tests.clusterproc import LocalCluster
 from tests.test_replica import Replica, stored
 
@@ -142,7 +136,7 @@ def test_a_wide_removed_range_costs_what_is_stored_not_its_width(tmp_path: Path)
 
 
 def test_a_far_head_moves_in_bounded_steps(tmp_path: Path) -> None:
-    from raftlog.node import stream_replica
+    from raftlog.node.replication import replica as stream_replica
 
     async def body(r: Replica, stream: Stream) -> None:
         count = 3 * 1000 + 7

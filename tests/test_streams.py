@@ -9,11 +9,11 @@ from typing import TypeVar
 
 import pytest
 
-from raftlog.node.clock import FakeClock
-from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.storage import GroupCommitter, Storage
-from raftlog.node.stream import Appended, Draft, draft
-from raftlog.node.streams import NoConsumers, StreamEngine
+from raftlog.base.clock import FakeClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.node.engine.storage import GroupCommitter, Storage
+from raftlog.node.engine.stream import Appended, Draft, draft
+from raftlog.node.engine.streams import NoConsumers, StreamEngine
 from raftlog.v1 import streams_pb2, types_pb2
 
 T = TypeVar("T")

@@ -19,8 +19,9 @@ from typing import Any
 
 import grpc
 
-from raftlog.node import limits, rpc
-from raftlog.node.errors import Reason
+from raftlog.base import limits
+from raftlog.base.errors import Reason
+from raftlog.node.transport import rpc
 from raftlog.v1 import (
     cluster_pb2,
     consumers_pb2,

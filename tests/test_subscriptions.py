@@ -1,7 +1,7 @@
-"""Subscribe bounds without node processes: the subscription slots (node/subscriptions.py) on an
-in-process grpc.aio server with two slots (a call beyond them is refused with
-TOO_MANY_SUBSCRIPTIONS before its handler runs, and a slot comes back however a call ends), and
-the bytes cap a Subscribe passes to ConsumerManager.fetch. The multi-process version is in
+"""Subscribe bounds without node processes: the subscription slots (node/transport/subscriptions.py)
+on an in-process grpc.aio server with two slots (a call beyond them is refused with
+TOO_MANY_SUBSCRIPTIONS before its handler runs, and a slot comes back however a call ends), and the
+bytes cap a Subscribe passes to ConsumerManager.fetch. The multi-process version is in
 tests/test_subscribe_bounds.py."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 import grpc
 import pytest
 
-from raftlog.node import limits, rpc
-from raftlog.node.clock import FakeClock
-from raftlog.node.consumer_store import MemoryConsumerStore
-from raftlog.node.consumers import ConsumerManager
-from raftlog.node.errors import RaftlogError, Reason
-from raftlog.node.log import MemoryStreamLog
-from raftlog.node.subscriptions import SubscriptionLimitInterceptor, SubscriptionSlots
+from raftlog.base import limits
+from raftlog.base.clock import FakeClock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.node.consumers.manager import ConsumerManager
+from raftlog.node.consumers.store import MemoryConsumerStore
+from raftlog.node.engine.log import MemoryStreamLog
+from raftlog.node.transport import rpc
+from raftlog.node.transport.subscriptions import SubscriptionLimitInterceptor, SubscriptionSlots
 from raftlog.v1 import consumers_pb2, types_pb2
 
 METHOD = "/test.Subs/Subscribe"

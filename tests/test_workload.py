@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from raftlog.v1 import consumers_pb2, storage_pb2, streams_pb2
+from raftlog.internal import storage_pb2
+from raftlog.v1 import consumers_pb2, streams_pb2
 from tests import workload as wl
 from tests.clusterproc import LocalCluster
 from tests.nodeproc import NodeProcess

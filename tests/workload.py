@@ -46,17 +46,15 @@ from typing import Any
 
 import grpc
 
-from raftlog.node.batches import expand_results
-from raftlog.node.credentials import PEER_TOKEN_HEADER, Credential
-from raftlog.node.rpc import from_rpc_error
+from raftlog.internal import replication_pb2, replication_pb2_grpc, storage_pb2
+from raftlog.node.api.batches import expand_results
+from raftlog.node.transport.credentials import PEER_TOKEN_HEADER, Credential
+from raftlog.node.transport.rpc import from_rpc_error
 from raftlog.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
     consumers_pb2,
     consumers_pb2_grpc,
-    replication_pb2,
-    replication_pb2_grpc,
-    storage_pb2,
     streams_pb2,
     streams_pb2_grpc,
     types_pb2,
@@ -159,7 +157,7 @@ class _PeerStub:
         self._credential = credential
 
     def _metadata(self, method: str) -> tuple[tuple[str, str], ...]:
-        path = f"/raftlog.v1.Replication/{method}"
+        path = f"/raftlog.internal.Replication/{method}"
         return ((PEER_TOKEN_HEADER, self._credential.token(principal="workload", method=path)),)
 
     async def ReadLocal(self, request: replication_pb2.ReadLocalRequest, *,

@@ -1,0 +1,112 @@
+"""The one error catalogue: every failure a client can see, its gRPC status and stable reason.
+Knows no gRPC: a reason names its status code as text; node/transport/rpc.py maps it.
+
+Code raises `RaftlogError(Reason.X, "human text", key=value...)`; the gRPC layer turns it into a
+status with a google.rpc.ErrorInfo detail (domain "raftlog", reason = the enum name, metadata =
+the keyword arguments as strings), and a batch turns it into a `raftlog.v1.Error` entry.
+"""
+
+from __future__ import annotations
+
+import enum
+
+ERROR_DOMAIN = "raftlog"
+
+
+class Reason(enum.Enum):
+    """Stable machine-readable reasons. Names are part of the API: only ever add.
+
+    Each member is declared with the name of its gRPC status code; members get distinct values
+    so that two reasons with the same status never become aliases of each other."""
+
+    status_name: str
+
+    def __new__(cls, status_name: str) -> Reason:
+        member = object.__new__(cls)
+        member._value_ = len(cls.__members__) + 1
+        member.status_name = status_name
+        return member
+
+    # INVALID_ARGUMENT: the request itself is wrong, whatever the state.
+    INVALID_NAME = "INVALID_ARGUMENT"
+    INVALID_SUBJECT = "INVALID_ARGUMENT"
+    INVALID_CONFIG = "INVALID_ARGUMENT"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    SUBJECT_NOT_IN_STREAM = "INVALID_ARGUMENT"
+    MESSAGE_TOO_LARGE = "INVALID_ARGUMENT"
+    IMMUTABLE_FIELD = "INVALID_ARGUMENT"
+    # NOT_FOUND
+    STREAM_NOT_FOUND = "NOT_FOUND"
+    CONSUMER_NOT_FOUND = "NOT_FOUND"
+    MESSAGE_NOT_FOUND = "NOT_FOUND"
+    NODE_NOT_FOUND = "NOT_FOUND"
+    # ALREADY_EXISTS
+    STREAM_EXISTS = "ALREADY_EXISTS"
+    CONSUMER_EXISTS = "ALREADY_EXISTS"
+    NODE_EXISTS = "ALREADY_EXISTS"
+    # FAILED_PRECONDITION: the request is fine but the state does not allow it.
+    WRONG_LAST_SEQ = "FAILED_PRECONDITION"
+    WRONG_LAST_SUBJECT_SEQ = "FAILED_PRECONDITION"
+    NOT_DELIVERED = "FAILED_PRECONDITION"
+    WORK_QUEUE_OVERLAP = "FAILED_PRECONDITION"
+    STALE_EPOCH = "FAILED_PRECONDITION"
+    SEQ_GAP = "FAILED_PRECONDITION"
+    LAST_MEMBER = "FAILED_PRECONDITION"
+    MEMBERSHIP_CHANGE_IN_PROGRESS = "FAILED_PRECONDITION"
+    NODE_IN_USE = "FAILED_PRECONDITION"  # a member that still holds streams cannot leave
+    STREAM_PINNED = "FAILED_PRECONDITION"  # a pinned stream keeps its authority
+    # RESOURCE_EXHAUSTED: a limit or a full queue.
+    TOO_MANY_STREAMS = "RESOURCE_EXHAUSTED"
+    TOO_MANY_CONSUMERS = "RESOURCE_EXHAUSTED"
+    BATCH_TOO_LARGE = "RESOURCE_EXHAUSTED"
+    REQUEST_TOO_LARGE = "RESOURCE_EXHAUSTED"
+    STREAM_FULL = "RESOURCE_EXHAUSTED"
+    OVERLOADED = "RESOURCE_EXHAUSTED"
+    # UNAVAILABLE: try again (maybe elsewhere).
+    NO_LEADER = "UNAVAILABLE"
+    NO_QUORUM = "UNAVAILABLE"
+    NOT_PRIMARY = "UNAVAILABLE"
+    SHUTTING_DOWN = "UNAVAILABLE"
+    FORWARD_FAILED = "UNAVAILABLE"
+    HOP_LIMIT = "UNAVAILABLE"
+    # DEADLINE_EXCEEDED
+    TIMEOUT = "DEADLINE_EXCEEDED"
+    # UNAUTHENTICATED / PERMISSION_DENIED
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    # INTERNAL: a bug or a corrupt store; never silently ignored.
+    INTERNAL = "INTERNAL"
+    CORRUPT_RECORD = "DATA_LOSS"
+    # Added later (names only ever appended):
+    # UNAVAILABLE: this node has not caught up with the cluster's metadata (or a new primary
+    # with the stream's commit seq) and cannot yet say; retry, after retry_after_ms if given.
+    CATCHING_UP = "UNAVAILABLE"
+    # Appended (names and values are part of the API).
+    NODE_UNREACHABLE = "FAILED_PRECONDITION"  # a joining node did not answer as a member
+    # Appended for bad input and resource bounds:
+    MALFORMED_REQUEST = "INVALID_ARGUMENT"  # request bytes that do not parse as the method's type
+    TOO_MANY_SUBSCRIPTIONS = "RESOURCE_EXHAUSTED"  # limits.subscriptions_max calls are open
+
+
+
+class RaftlogError(Exception):
+    """A failure with a catalogued reason; `metadata` values end up in ErrorInfo.metadata."""
+
+    def __init__(self, reason: Reason, message: str, **metadata: object) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.metadata = {key: str(value) for key, value in metadata.items()}
+
+    @property
+    def status_name(self) -> str:
+        """The name of the gRPC status code (transport/rpc.py maps it)."""
+        return self.reason.status_name
+
+    def __repr__(self) -> str:
+        return f"RaftlogError({self.reason.name}, {self.message!r}, {self.metadata!r})"
+
+
+class InvariantViolation(Exception):
+    """A safety check failed: the node's state is not what the code relies on. Never caught
+    to carry on; survives `python -O` unlike `assert`."""

@@ -1,0 +1,178 @@
+"""What a consumer sees of its stream: the `StreamLog` protocol and its in-memory twin.
+
+The stream engine (`streams.py`) implements it over RocksDB; consumers (`consumers.py`) use
+only this. All methods run on the node's event loop thread; none blocks.
+
+Seq rules: seqs are 1..last_seq without gaps when assigned; removed messages leave holes that
+`read` reports as None. Only seqs <= `commit_seq` may be handed to a consumer (G4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from raftlog.base import subjects
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    seq: int
+    subject: str
+    ts_ms: int
+    payload: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    msg_id: str = ""
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.payload) + len(self.subject) + sum(len(k) + len(v) for k, v in self.headers)
+
+
+class StreamLog(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def first_seq(self) -> int:
+        """Lowest seq that may still be stored (last_seq + 1 when empty)."""
+        ...
+
+    @property
+    def commit_seq(self) -> int:
+        """Highest seq that is durable and visible."""
+        ...
+
+    @property
+    def last_seq(self) -> int:
+        """Highest seq stored here (committed or not; at least commit_seq on a primary)."""
+        ...
+
+    def read(self, seq: int) -> LogEntry | None:
+        """The message at seq, or None if removed or never committed."""
+        ...
+
+    def peek(self, seq: int) -> LogEntry | None:
+        """Like read, whatever this node's role (the stored copy, for bookkeeping)."""
+        ...
+
+    def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
+        """Committed messages with seq >= from_seq matching the filter, in seq order, at most
+        `limit` of them (the scan may also stop early after examining a bounded number)."""
+        ...
+
+    def first_seq_at_or_after_time(self, ts_ms: int) -> int:
+        """First committed seq whose ts_ms >= ts_ms; commit_seq + 1 if none."""
+        ...
+
+    def last_seqs_per_subject(self, filter_subject: str) -> list[int]:
+        """For every subject matching the filter, its last committed seq, ascending."""
+        ...
+
+    def count_matching(self, *, from_seq: int, filter_subject: str) -> int:
+        """Number of committed messages with seq >= from_seq matching the filter."""
+        ...
+
+    async def wait_for_commit(self, *, above_seq: int, timeout_s: float) -> bool:
+        """Waits until commit_seq > above_seq; False on timeout or when the stream is closed."""
+        ...
+
+    async def remove(self, seqs: list[int]) -> int:
+        """Removes messages (work-queue and interest retention); durable on return. Returns the
+        number removed (missing seqs are not an error)."""
+        ...
+
+    async def publish_internal(
+        self, *, subject: str, payload: bytes, headers: tuple[tuple[str, str], ...]
+    ) -> int:
+        """Appends a message (dead-letter republish); durable on return; returns its seq."""
+        ...
+
+
+@dataclass
+class MemoryStreamLog:
+    """In-memory twin of StreamLog, for tests: every append is committed at once."""
+
+    name: str = "test"
+    entries: dict[int, LogEntry] = field(default_factory=dict)
+    last_seq: int = 0
+    clock_ms: int = 1_700_000_000_000
+    _changed: asyncio.Event | None = None
+
+    @property
+    def first_seq(self) -> int:
+        return min(self.entries, default=self.last_seq + 1)
+
+    @property
+    def commit_seq(self) -> int:
+        return self.last_seq
+
+    def append(self, subject: str, payload: bytes = b"", *, ts_ms: int | None = None) -> int:
+        self.last_seq += 1
+        self.entries[self.last_seq] = LogEntry(
+            seq=self.last_seq,
+            subject=subject,
+            ts_ms=self.clock_ms if ts_ms is None else ts_ms,
+            payload=payload,
+        )
+        if self._changed is not None:
+            self._changed.set()
+        return self.last_seq
+
+    def read(self, seq: int) -> LogEntry | None:
+        return self.entries.get(seq)
+
+    def peek(self, seq: int) -> LogEntry | None:
+        return self.entries.get(seq)
+
+    def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
+        produced = 0
+        for seq in sorted(s for s in self.entries if s >= from_seq):
+            if produced >= limit:
+                return
+            entry = self.entries[seq]
+            if not filter_subject or subjects.matches(filter_subject, entry.subject):
+                produced += 1
+                yield entry
+
+    def first_seq_at_or_after_time(self, ts_ms: int) -> int:
+        for seq in sorted(self.entries):
+            if self.entries[seq].ts_ms >= ts_ms:
+                return seq
+        return self.last_seq + 1
+
+    def last_seqs_per_subject(self, filter_subject: str) -> list[int]:
+        last: dict[str, int] = {}
+        for seq in sorted(self.entries):
+            entry = self.entries[seq]
+            if not filter_subject or subjects.matches(filter_subject, entry.subject):
+                last[entry.subject] = seq
+        return sorted(last.values())
+
+    def count_matching(self, *, from_seq: int, filter_subject: str) -> int:
+        return sum(1 for _ in self.scan(from_seq=from_seq, filter_subject=filter_subject,
+                                        limit=len(self.entries) + 1))
+
+    async def wait_for_commit(self, *, above_seq: int, timeout_s: float) -> bool:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        while self.commit_seq <= above_seq:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            except TimeoutError:
+                return self.commit_seq > above_seq
+        return True
+
+    async def remove(self, seqs: list[int]) -> int:
+        return sum(1 for seq in seqs if self.entries.pop(seq, None) is not None)
+
+    async def publish_internal(
+        self, *, subject: str, payload: bytes, headers: tuple[tuple[str, str], ...]
+    ) -> int:
+        seq = self.append(subject, payload)
+        self.entries[seq] = LogEntry(seq=seq, subject=subject, ts_ms=self.clock_ms,
+                                     payload=payload, headers=headers)
+        return seq

@@ -1,0 +1,206 @@
+"""The node's one RocksDB (rocksdict, raw mode) and its group-commit writer.
+
+Column families (DESIGN §2): raft_log, raft_meta (owned by raftlog.raft.journal), messages,
+subjects, dedupe, stream_state, consumers. Writes are unsynced WriteBatches made on the event
+loop thread; `GroupCommitter.durable()` returns once one `flush_wal(True)` (which releases the
+GIL) covers every write made before the call. Many publishes share one fsync.
+
+An fsync failure is fatal: the node cannot know what reached the disk, so it exits rather than
+acknowledge anything more (as PostgreSQL does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
+
+from raftlog.base.files import ensure_dir, fsync_dir
+
+log = logging.getLogger(__name__)
+
+CF_RAFT_LOG = "raft_log"
+CF_RAFT_META = "raft_meta"
+CF_MESSAGES = "messages"
+CF_SUBJECTS = "subjects"
+CF_DEDUPE = "dedupe"
+CF_STREAM_STATE = "stream_state"
+CF_CONSUMERS = "consumers"
+COLUMN_FAMILIES = (
+    CF_RAFT_LOG,
+    CF_RAFT_META,
+    CF_MESSAGES,
+    CF_SUBJECTS,
+    CF_DEDUPE,
+    CF_STREAM_STATE,
+    CF_CONSUMERS,
+)
+
+fsync_wait_s_max = 30.0  # an fsync that takes longer than this is treated as a failed disk
+
+
+def _cf_options() -> Options:
+    options = Options(raw_mode=True)
+    return options
+
+
+class Storage:
+    """One RocksDB per node. Reads and unsynced writes from any thread; see GroupCommitter."""
+
+    def __init__(self, data_dir: Path) -> None:
+        ensure_dir(data_dir)
+        db_path = data_dir / "db"
+        creating = not db_path.exists()
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        self.db = Rdict(
+            str(db_path),
+            options,
+            column_families={name: _cf_options() for name in COLUMN_FAMILIES},
+        )
+        if creating:
+            fsync_dir(data_dir)
+        self.path = db_path
+        self._handles = {name: self.db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._views = {name: self.db.get_column_family(name) for name in COLUMN_FAMILIES}
+        self._unsynced = WriteOptions()
+        self._unsynced.sync = False
+
+    def handle(self, cf: str) -> ColumnFamily:
+        return self._handles[cf]
+
+    def view(self, cf: str) -> Rdict:
+        return self._views[cf]
+
+    def batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    def write(self, batch: WriteBatch) -> None:
+        """Applies the batch atomically, without fsync (see GroupCommitter)."""
+        if not batch.is_empty():
+            self.db.write(batch, self._unsynced)
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        value: bytes | None = self._views[cf].get(key)
+        return value
+
+    def scan(self, cf: str, *, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs with lower <= key < upper, ascending."""
+        it = self._views[cf].iter()
+        it.seek(lower)
+        while it.valid():
+            key = it.key()
+            if key >= upper:
+                break
+            yield key, it.value()
+            it.next()
+
+    def scan_keys(self, cf: str, *, lower: bytes, upper: bytes) -> Iterator[bytes]:
+        it = self._views[cf].iter()
+        it.seek(lower)
+        while it.valid():
+            key = it.key()
+            if key >= upper:
+                break
+            yield key
+            it.next()
+
+    def last_key(self, cf: str, *, lower: bytes, upper: bytes) -> bytes | None:
+        """The greatest key with lower <= key < upper, or None."""
+        it = self._views[cf].iter()
+        it.seek_for_prev(upper)
+        while it.valid():
+            key: bytes = it.key()
+            if key < lower:
+                return None
+            if key < upper:
+                return key
+            it.prev()
+        return None
+
+    def sync(self) -> None:
+        """fsyncs the WAL; releases the GIL while it waits."""
+        self.db.flush_wal(True)
+
+    def close(self) -> None:
+        self._views.clear()
+        self._handles.clear()
+        self.db.close()
+
+
+class GroupCommitter:
+    """One fsync thread; `durable()` resolves once an fsync that started after the call's
+    preceding writes has completed. Must be awaited on the loop the committer was started on."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._requested = 0  # generation asked for (loop thread)
+        self._synced = 0  # generation known durable (loop thread)
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake = threading.Condition()
+        self._want = 0  # latest generation asked of the thread (under _wake)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.fsyncs = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+        self._thread.start()
+
+    async def durable(self) -> None:
+        """Waits until every write made before this call is fsynced."""
+        self._requested += 1
+        generation = self._requested
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((generation, future))
+        with self._wake:
+            self._want = generation
+            self._wake.notify()
+        await future
+
+    def _run(self) -> None:
+        synced = 0
+        while True:
+            with self._wake:
+                while self._want <= synced and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and self._want <= synced:
+                    return
+                target = self._want
+            try:
+                self._storage.sync()
+            except Exception:  # any fsync failure is fatal, see the module docstring
+                log.critical("fsync failed; exiting so that nothing more is acknowledged",
+                             exc_info=True)
+                os._exit(70)
+            synced = target
+            self.fsyncs += 1
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._resolve, target)
+
+    def _resolve(self, generation: int) -> None:
+        self._synced = max(self._synced, generation)
+        still_waiting = []
+        for wanted, future in self._waiters:
+            if wanted <= self._synced:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                still_waiting.append((wanted, future))
+        self._waiters = still_waiting
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=fsync_wait_s_max)

@@ -1,0 +1,8 @@
+"""raftlog.node.replication: copies of a stream on other nodes. Imports `engine`, `transport`
+(peer calls), `raftlog.base`, the protos.
+
+- `primary` the primary's side: links to replica nodes, per-stream progress, the commit rule and
+            the read lease.
+- `replica` the replica's side of one stream: checking a batch and applying it; fencing.
+- `service` the Replication gRPC service on the peer listener.
+"""

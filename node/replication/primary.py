@@ -1,0 +1,517 @@
+"""The primary's side of data replication: links to replica nodes, per-stream progress,
+the commit rule, and the read lease.
+
+- One `PeerLink` per replica node: a long-lived bidirectional Replicate call shared by every
+  stream this node leads there. The link, not the stream, heartbeats (every `heartbeat_s`,
+  carrying the commit seqs that moved since), times out (a request unanswered for
+  `request_timeout_s` restarts the call), and keeps the clock of the lease: the send time of
+  the latest request the replica acknowledged. Requests and acks travel in order on one call.
+- One `StreamReplicator` per stream this node leads (replication factor > 1). It does work only
+  when there is some: data not yet sent, a replica whose position is unknown, removals to pass
+  on. For each replica up to `inflight_max` batches in flight, each carrying everything not yet
+  sent (so batches grow with load); catch-up from the replica's own last seq (SEQ_GAP tells
+  it), re-seed when the replica needs seqs this node no longer holds. An idle stream costs
+  nothing, so thousands of them cost nothing either.
+- Commit rule (G1): a seq is committed once a majority of the replica set (this node
+  included, counting only its fsynced seqs) holds it at the current fence epoch.
+- Fencing (G3): a refusal that names a newer epoch deposes this primary at once, and so does a
+  replica's notice that a survey fenced the stream there (pushed on the same call, in order).
+- Lease: reads are served only while a majority of the stream's replica set acknowledged, on
+  their links, a request *sent* within `lease_s`; a replica fenced above this primary's epoch
+  notifies it before it acknowledges anything sent later, so the lease never outlives a fence
+  by more than that. Failover waits longer than `lease_s` of silence before it picks a
+  successor. Writes fail fast (NO_QUORUM) once the lease has lapsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from raftlog.base.clock import Clock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import raft_pb2, replication_pb2
+from raftlog.node.engine.stream import Stream
+from raftlog.node.replication.replica import removed_seqs_max
+from raftlog.node.transport.peer import PeerClient
+
+log = logging.getLogger(__name__)
+
+lease_s = 0.5  # reads need a majority ack of a request sent this recently
+heartbeat_s = 0.05  # an idle link carries a heartbeat this often
+request_timeout_s = 2.0  # a request not acknowledged by then restarts the link
+reconnect_backoff_s = 0.1  # between attempts to reopen a link
+batch_bytes_max = 1024 * 1024  # stored bytes in one replication batch
+batch_messages_max = 10_000  # messages in one replication batch
+link_queue_max = 10_000  # requests waiting on one link
+inflight_max = 4  # batches sent to one replica and not yet acknowledged
+heartbeat_commits_max = 5_000  # commit notices one heartbeat carries (the rest: the next)
+refused_retry_s = 0.1  # a replica that refused a batch (other than a gap) is asked again then
+wake_per_tick_max = 2_000  # waiting streams one link kicks per tick once it has room
+
+
+def majority(count: int) -> int:
+    return count // 2 + 1
+
+
+def to_ranges(seqs: list[int]) -> list[tuple[int, int]]:
+    ranges: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if ranges and seq == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], seq)
+        else:
+            ranges.append((seq, seq))
+    return ranges
+
+
+class PeerLink:
+    """The Replicate call to one replica node; see the module docstring."""
+
+    def __init__(self, *, node_id: str, self_id: str, peers: PeerClient, clock: Clock,
+                 on_ack: Callable[[str, replication_pb2.ReplicateAck], None],
+                 on_reset: Callable[[str], None]) -> None:
+        self.node_id = node_id
+        self._self_id = self_id
+        self._peers = peers
+        self._clock = clock
+        self._on_ack = on_ack
+        self._on_reset = on_reset
+        self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
+            link_queue_max)
+        self._task: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._restarting = False
+        self._next_id = 1
+        self._sent: collections.deque[tuple[int, float]] = collections.deque()  # in order
+        self.last_sent_s = -1e9
+        self.acked_sent_s = -1e9  # send time of the latest request the replica acknowledged
+        self.created_s = clock.monotonic_s()
+        self.commits: dict[str, tuple[int, int]] = {}  # stream -> (epoch, commit seq) to tell
+        # The call answered since it was opened: only then do streams send on it (a dead or
+        # unreachable replica costs nothing but the link's own reconnect attempts).
+        self.connected = False
+        self.waiting: set[StreamReplicator] = set()  # streams to kick once it is connected
+
+    def restart(self) -> None:
+        """Abandons the current call (a peer that stopped answering keeps it open)."""
+        if self._call is not None and not self._restarting:
+            self._restarting = True
+            self._call.cancel()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                            name=f"link-{self.node_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def send(self, request: replication_pb2.ReplicateRequest, *, probe: bool = False) -> int:
+        """Queues a request; its id, or 0 when the link is not connected or its queue is full
+        (the caller waits in `waiting`). A `probe` (a heartbeat) goes out unconnected too."""
+        if self._queue.full() or not (self.connected or probe):
+            return 0
+        request.request_id = self._next_id
+        self._next_id += 1
+        now = self._clock.monotonic_s()
+        self._queue.put_nowait(request)
+        self._sent.append((request.request_id, now))
+        self.last_sent_s = now
+        return request.request_id
+
+    def tick(self) -> None:
+        """Heartbeat when idle (with the pending commit notices; unconnected, it is the
+        probe whose answer connects the link); restart a stalled call; wake the streams that
+        wait for room or for the connection."""
+        now = self._clock.monotonic_s()
+        if self._sent and now - self._sent[0][1] > request_timeout_s:
+            log.info("replication link to %s: no answer for %.1f s; reconnecting",
+                     self.node_id, now - self._sent[0][1])
+            self.restart()
+            return
+        if self._call is not None and (
+                (self.connected and (now - self.last_sent_s >= heartbeat_s or self.commits))
+                or (not self.connected and not self._sent)):
+            heartbeat = replication_pb2.ReplicateRequest(primary=self._self_id)
+            for name in list(self.commits)[:heartbeat_commits_max if self.connected else 0]:
+                epoch, commit_seq = self.commits.pop(name)
+                heartbeat.commits.add(stream=name, epoch=epoch, commit_seq=commit_seq)
+            self.send(heartbeat, probe=True)
+        if self.connected and self.waiting and self._queue.qsize() < link_queue_max // 2:
+            for _ in range(min(len(self.waiting), wake_per_tick_max)):
+                replicator = self.waiting.pop()
+                if not replicator.stopped:
+                    replicator.kick()
+
+    def _on_answer(self, ack: replication_pb2.ReplicateAck) -> None:
+        if ack.request_id:
+            while self._sent and self._sent[0][0] <= ack.request_id:
+                request_id, sent_s = self._sent.popleft()
+                if request_id == ack.request_id:
+                    self.acked_sent_s = max(self.acked_sent_s, sent_s)
+        if ack.stream:
+            self._on_ack(self.node_id, ack)
+
+    @staticmethod
+    async def _requests(queue: asyncio.Queue[replication_pb2.ReplicateRequest]
+                        ) -> AsyncIterator[replication_pb2.ReplicateRequest]:
+        while True:
+            yield await queue.get()
+
+    async def _run(self) -> None:
+        while True:
+            was_connected = False
+            # A queue per call: the request generator of a call that failed may still wait on
+            # its queue, and must not take what is meant for the next call.
+            self._queue = asyncio.Queue(link_queue_max)
+            try:
+                self._call = self._peers.replicate(self.node_id, self._requests(self._queue))
+                async for ack in self._call:
+                    if not self.connected:
+                        self.connected = was_connected = True  # tick() wakes the waiting
+                    self._on_answer(ack)
+            except asyncio.CancelledError:
+                if not self._restarting:
+                    raise  # the link itself is being stopped
+            except (grpc.aio.AioRpcError, RaftlogError) as err:
+                log.debug("replication link to %s: %s", self.node_id, err)
+            except Exception:
+                log.exception("replication link to %s failed", self.node_id)
+            self._call = None
+            self._restarting = False
+            self.connected = False
+            self._sent.clear()  # requests queued for a broken call are lost; streams resend
+            if was_connected:  # its streams sent on it: they ask again once it is back
+                self._on_reset(self.node_id)
+            await asyncio.sleep(reconnect_backoff_s)
+
+
+@dataclass
+class ReplicaProgress:
+    node_id: str
+    match_seq: int = 0  # last seq the replica acknowledged at this epoch
+    next_seq: int | None = None  # next seq to send; None = ask the replica first
+    # request id -> removals it carries; sent in order on one call
+    inflight: dict[int, int] = field(default_factory=dict)
+    removed_cursor: int = 0  # removals acknowledged by the replica
+    removed_sent: int = 0  # removals sent to it
+    reseed: bool = False
+    told_commit: int = 0  # the commit seq the replica was last told
+
+    def reset(self) -> None:
+        """Forget what is in flight; ask the replica where it is."""
+        self.inflight.clear()
+        self.next_seq = None
+        self.removed_sent = self.removed_cursor
+
+
+class StreamReplicator:
+    """Replication of one stream this node leads; see the module docstring."""
+
+    def __init__(self, *, stream: Stream, node_id: str, replicas: tuple[str, ...], epoch: int,
+                 history: list[tuple[int, int]], links: LinkSet, clock: Clock) -> None:
+        self.stream = stream
+        self.node_id = node_id
+        self.epoch = epoch
+        self.history = history
+        self._history_pb = [raft_pb2.EpochStart(fence_epoch=e, start_seq=s) for e, s in history]
+        self.replica_count = len(replicas)
+        self.progress = {n: ReplicaProgress(n) for n in replicas if n != node_id}
+        self._links = links
+        self._clock = clock
+        self.stopped = False
+
+    # --- Replicator protocol (called by Stream)
+
+    def kick(self) -> None:
+        for progress in self.progress.values():
+            self._maybe_send(progress)
+
+    def on_local_durable(self) -> None:
+        self._recompute_commit()
+
+    def check_lease(self) -> None:
+        if self.lease_remaining_s() <= 0:
+            raise RaftlogError(Reason.NOT_PRIMARY, f"the primary of {self.stream.name!r} has "
+                               "not heard from a majority of its replicas within its lease",
+                               stream=self.stream.name)
+
+    def check_writable(self) -> None:
+        """Fails fast (NO_QUORUM, retryable) when a majority of the replicas has not answered
+        within the lease: a write would only wait for a commit that cannot come. A link just
+        opened counts as answering for its first lease."""
+        if self.lease_remaining_s(writes=True) <= 0:
+            raise RaftlogError(Reason.NO_QUORUM, f"the primary of {self.stream.name!r} cannot "
+                               "reach a majority of its replicas; retry with the same msg_id",
+                               stream=self.stream.name, retry_after_ms=int(lease_s * 1000))
+
+    # --- lease and commit
+
+    def lease_remaining_s(self, *, writes: bool = False) -> float:
+        now = self._clock.monotonic_s()
+        contacts = sorted([now, *(self._links.acked_sent_s(n, opened_counts=writes)
+                                  for n in self.progress)], reverse=True)
+        return contacts[majority(self.replica_count) - 1] + lease_s - now
+
+    def _recompute_commit(self) -> None:
+        positions = sorted([self.stream.durable_seq,
+                            *(p.match_seq for p in self.progress.values())], reverse=True)
+        before = self.stream.commit_seq
+        self.stream.set_commit_seq(positions[majority(self.replica_count) - 1])
+        if self.stream.commit_seq != before:
+            self._tell_commit()
+
+    def _tell_commit(self) -> None:
+        """The replicas learn a commit seq that no batch carries (after the last one) from
+        their link's next heartbeat."""
+        commit = self.stream.commit_seq
+        for progress in self.progress.values():
+            if progress.told_commit < commit:
+                self._links.note_commit(progress.node_id, self.stream.name, self.epoch, commit)
+
+    # --- sending
+
+    def _maybe_send(self, progress: ReplicaProgress) -> None:
+        """Sends the next batch to one replica, pipelined up to inflight_max batches."""
+        if self.stopped or len(progress.inflight) >= inflight_max:
+            return
+        if progress.next_seq is None and progress.inflight:
+            return  # a probe is out; wait for the replica's position
+        stream = self.stream
+        if progress.next_seq is not None and progress.next_seq < stream.first_seq and \
+                progress.next_seq <= stream.last_seq and not progress.inflight:
+            progress.reseed = True
+            progress.next_seq = stream.first_seq
+        unsent = progress.next_seq is not None and progress.next_seq <= stream.last_seq
+        removed = stream.removed_log[progress.removed_sent:
+                                     progress.removed_sent + removed_seqs_max]
+        if not (unsent or removed or progress.next_seq is None):
+            return
+        request = replication_pb2.ReplicateRequest(
+            stream=stream.name, epoch=self.epoch, primary=self.node_id,
+            commit_seq=stream.commit_seq, head_seq=stream.first_seq, history=self._history_pb,
+            first_seq=progress.next_seq or stream.last_seq + 1, reseed=progress.reseed)
+        if unsent and progress.next_seq is not None:
+            values = stream.stored_values(
+                from_seq=progress.next_seq,
+                to_seq=min(stream.last_seq, progress.next_seq + batch_messages_max - 1),
+                bytes_max=batch_bytes_max)
+            request.messages.extend(values)
+            request.checksum = zlib.crc32(b"".join(values))
+        if removed:
+            request.removed.extend(replication_pb2.SeqRange(first=a, last=b)
+                                   for a, b in to_ranges(removed))
+        request_id = self._links.send(progress.node_id, request)
+        if not request_id:
+            self._links.blocked(self, progress.node_id)
+            return
+        progress.inflight[request_id] = len(removed)
+        progress.removed_sent += len(removed)
+        progress.told_commit = max(progress.told_commit, stream.commit_seq)
+        if progress.next_seq is not None:
+            progress.next_seq += len(request.messages)
+            progress.reseed = False
+
+    def on_reset(self, node_id: str) -> None:
+        progress = self.progress.get(node_id)
+        if progress is not None:
+            progress.reset()
+            self._links.blocked(self, node_id)  # ask the replica again once the link is back
+
+    # --- acks
+
+    def on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
+        progress = self.progress.get(node_id)
+        if progress is None:
+            return
+        if not ack.request_id:  # a notice the replica pushed: a survey fenced the stream
+            if ack.refused:
+                self._on_refused(progress, ack)
+            return
+        removals = progress.inflight.pop(ack.request_id, None)
+        if removals is None:
+            return  # from before a reset
+        if ack.refused:
+            self._on_refused(progress, ack)
+            return
+        if ack.epoch != self.epoch:
+            return
+        progress.match_seq = max(progress.match_seq, ack.last_seq)
+        if progress.next_seq is None:
+            progress.next_seq = ack.last_seq + 1
+        if removals:
+            progress.removed_cursor += removals
+            self._trim_removed_log()
+        self._recompute_commit()
+        self._maybe_send(progress)
+
+    def _on_refused(self, progress: ReplicaProgress, ack: replication_pb2.ReplicateAck) -> None:
+        progress.reset()
+        if ack.refused == Reason.STALE_EPOCH.name and ack.replica_epoch > self.epoch:
+            log.warning("stream %s: replica %s is at epoch %d, above ours (%d); stepping down",
+                        self.stream.name, progress.node_id, ack.replica_epoch, self.epoch)
+            self.stop()
+            self.stream.depose(RaftlogError(
+                Reason.NOT_PRIMARY, f"this node is no longer the primary of "
+                f"{self.stream.name!r} (fence epoch {ack.replica_epoch} exists)",
+                stream=self.stream.name))
+            return
+        if ack.refused == Reason.SEQ_GAP.name:
+            progress.next_seq = ack.last_seq + 1
+            self._maybe_send(progress)
+            return
+        log.info("stream %s: replica %s refused a batch: %s %s; asking again in %.1f s",
+                 self.stream.name, progress.node_id, ack.refused, ack.message, refused_retry_s)
+        self._links.retry(self, after_s=refused_retry_s)  # e.g. its copy is being created
+
+    def _trim_removed_log(self) -> None:
+        done = min(p.removed_cursor for p in self.progress.values())
+        if done:
+            del self.stream.removed_log[:done]
+            for progress in self.progress.values():
+                progress.removed_cursor -= done
+                progress.removed_sent -= done
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class LinkSet:
+    """Links to every replica node, created on first use; routes acks to replicators."""
+
+    def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
+        self._node_id = node_id
+        self._peers = peers
+        self._clock = clock
+        self._links: dict[str, PeerLink] = {}
+        self.replicators: dict[str, StreamReplicator] = {}
+        self.later: dict[StreamReplicator, float] = {}  # refused: try again at this time
+
+    def link(self, node_id: str) -> PeerLink:
+        link = self._links.get(node_id)
+        if link is None:
+            link = PeerLink(node_id=node_id, self_id=self._node_id, peers=self._peers,
+                            clock=self._clock, on_ack=self._on_ack, on_reset=self._on_reset)
+            link.start()
+            self._links[node_id] = link
+        return link
+
+    def send(self, node_id: str, request: replication_pb2.ReplicateRequest) -> int:
+        return self.link(node_id).send(request)
+
+    def note_commit(self, node_id: str, stream: str, epoch: int, commit_seq: int) -> None:
+        self.link(node_id).commits[stream] = (epoch, commit_seq)
+
+    def acked_sent_s(self, node_id: str, *, opened_counts: bool = False) -> float:
+        """Send time of the latest request the node acknowledged; with `opened_counts`, a
+        link's opening counts as one (a link not opened yet: now)."""
+        link = self._links.get(node_id)
+        if link is None:
+            return self._clock.monotonic_s() if opened_counts else -1e9
+        return max(link.acked_sent_s, link.created_s) if opened_counts else link.acked_sent_s
+
+    def blocked(self, replicator: StreamReplicator, node_id: str) -> None:
+        """The replicator could not send to the node: the link kicks it when it can."""
+        self.link(node_id).waiting.add(replicator)
+
+    def retry(self, replicator: StreamReplicator, *, after_s: float) -> None:
+        self.later[replicator] = self._clock.monotonic_s() + after_s
+
+    def restart(self, node_id: str) -> None:
+        link = self._links.get(node_id)
+        if link is not None:
+            link.restart()
+
+    def tick(self) -> None:
+        for link in list(self._links.values()):
+            link.tick()
+        if self.later:
+            now = self._clock.monotonic_s()
+            due = [r for r, at in self.later.items() if at <= now]
+            for replicator in due:
+                del self.later[replicator]
+                if not replicator.stopped:
+                    replicator.kick()
+
+    def forget(self, replicator: StreamReplicator) -> None:
+        for link in self._links.values():
+            link.waiting.discard(replicator)
+        self.later.pop(replicator, None)
+
+    def _on_ack(self, node_id: str, ack: replication_pb2.ReplicateAck) -> None:
+        replicator = self.replicators.get(ack.stream)
+        if replicator is not None:
+            replicator.on_ack(node_id, ack)
+
+    def _on_reset(self, node_id: str) -> None:
+        for replicator in self.replicators.values():
+            replicator.on_reset(node_id)
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            await link.stop()
+        self._links.clear()
+
+
+class ReplicationManager:
+    """The streams this node leads with replication factor > 1, and the links' ticking."""
+
+    def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
+        self.node_id = node_id
+        self.links = LinkSet(node_id=node_id, peers=peers, clock=clock)
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._tick_forever(),
+                                                            name="replication-tick")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for name in list(self.links.replicators):
+            self.release(name)
+        await self.links.close()
+
+    def lead(self, stream: Stream, *, replicas: tuple[str, ...], epoch: int,
+             history: list[tuple[int, int]]) -> None:
+        """Starts (or restarts, at a new epoch) replicating a stream this node is primary of."""
+        current = self.links.replicators.get(stream.name)
+        if current is not None and current.epoch == epoch and \
+                set(current.progress) == {n for n in replicas if n != self.node_id}:
+            return
+        self.release(stream.name)
+        if len(replicas) <= 1:
+            stream.replicator = None
+            return
+        replicator = StreamReplicator(stream=stream, node_id=self.node_id, replicas=replicas,
+                                      epoch=epoch, history=history, links=self.links,
+                                      clock=self._clock)
+        self.links.replicators[stream.name] = replicator
+        stream.replicator = replicator
+        replicator.kick()
+
+    def release(self, name: str) -> None:
+        replicator = self.links.replicators.pop(name, None)
+        if replicator is not None:
+            replicator.stop()
+            self.links.forget(replicator)
+            if replicator.stream.replicator is replicator:
+                replicator.stream.replicator = None
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(heartbeat_s / 2)
+            try:
+                self.links.tick()
+            except Exception:
+                log.exception("replication tick failed")

@@ -1,0 +1,271 @@
+"""The replica's side of data replication: the Replication gRPC service.
+
+`Replicate` takes one primary's batches in order; a batch is checked (checksum, epoch, next
+seq), applied to the local copy, made durable, and only then acknowledged with the last seq
+held. Refusals carry the reason and this node's position, and change nothing stored.
+`GetReplicaState` (with a fence epoch) is the failover survey; `ReadLocal` shows the local copy
+whatever this node's role; `Ping` is the liveness probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import replication_pb2, replication_pb2_grpc
+from raftlog.node.engine.storage import GroupCommitter
+from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
+from raftlog.node.engine.streams import StreamEngine
+from raftlog.node.transport import rpc
+from raftlog.node.transport.credentials import Credential
+
+log = logging.getLogger(__name__)
+
+read_local_limit_max = 10_000
+group_requests_max = 64  # batches of one call that share an fsync
+requests_waiting_max = 256  # batches read ahead of the one being applied
+survey_streams_max = 10_000  # streams one Survey call names
+nonce_bytes_max = 64  # of a Ping's challenge
+heartbeat_commits_max = 10_000  # commit notices applied from one heartbeat
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class ReplicationService(replication_pb2_grpc.ReplicationServicer):
+    def __init__(self, *, node_id: str, engine: StreamEngine, committer: GroupCommitter,
+                 ensure_replica: Callable[[str], Any],
+                 health: Callable[[], replication_pb2.PingReply] | None = None,
+                 credential: Credential | None = None) -> None:
+        """`ensure_replica(stream)` creates the local copy of a stream this node is a replica
+        of (per the committed assignment) and returns it, or raises RaftlogError. `health()`
+        is what a Ping is answered with; `credential` answers a Ping's challenge."""
+        self._node_id = node_id
+        self._engine = engine
+        self._committer = committer
+        self._ensure_replica = ensure_replica
+        self._health = health or (lambda: replication_pb2.PingReply(node_id=node_id))
+        self._credential = credential
+        self.refusals = 0
+        # The open Replicate calls by the primary that sends them (fence notices go there).
+        self._calls: dict[str, list[asyncio.Queue[Any]]] = {}
+
+    async def Replicate(self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest],
+                        context: Context) -> AsyncIterator[replication_pb2.ReplicateAck]:
+        """Applies batches in order; the batches waiting together share one fsync (group
+        commit), and each is acknowledged, in order, once that fsync is done."""
+        queue: asyncio.Queue[replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck
+                             | None] = asyncio.Queue()
+        primaries: list[str] = []  # the primary this call comes from, once it said
+        slots = asyncio.Semaphore(requests_waiting_max)  # requests read ahead (notices: free)
+
+        async def read() -> None:
+            async for request in request_iterator:
+                if not primaries and request.primary:
+                    primaries.append(request.primary)
+                    self._calls.setdefault(request.primary, []).append(queue)
+                await slots.acquire()
+                queue.put_nowait(request)
+            queue.put_nowait(None)
+
+        def take() -> replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck | None:
+            item = queue.get_nowait()
+            if isinstance(item, replication_pb2.ReplicateRequest):
+                slots.release()
+            return item
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            ended = False
+            while not ended:
+                first = await queue.get()
+                if isinstance(first, replication_pb2.ReplicateRequest):
+                    slots.release()
+                if first is None:
+                    return
+                if isinstance(first, replication_pb2.ReplicateAck):
+                    yield first  # a fence notice, in order with the answers
+                    continue
+                batch = [first]
+                while not queue.empty() and len(batch) < group_requests_max:
+                    following = take()
+                    if following is None:
+                        ended = True
+                        break
+                    if isinstance(following, replication_pb2.ReplicateAck):
+                        for ack in await self._apply_all(batch):
+                            yield ack
+                        batch = []
+                        yield following
+                        continue
+                    batch.append(following)
+                for ack in await self._apply_all(batch):
+                    yield ack
+        finally:
+            reader.cancel()
+            for primary in primaries:
+                calls = self._calls.get(primary, [])
+                if queue in calls:
+                    calls.remove(queue)
+                if not calls:
+                    self._calls.pop(primary, None)
+
+    def _notify_fenced(self, stream: Stream, fence_epoch: int) -> None:
+        """Tells the primary that sends this stream (on its Replicate calls) that a survey
+        fenced it above its epoch: it steps down before any later answer reaches it."""
+        for queue in self._calls.get(stream.replicated_by, []):
+            queue.put_nowait(replication_pb2.ReplicateAck(
+                stream=stream.name, epoch=stream.record.epoch, refused=Reason.STALE_EPOCH.name,
+                message=f"{stream.name!r} was fenced at epoch {fence_epoch} on "
+                f"{self._node_id}", replica_epoch=fence_epoch,
+                last_seq=stream.record.last_seq))
+
+    async def apply(self, request: replication_pb2.ReplicateRequest
+                    ) -> replication_pb2.ReplicateAck:
+        (ack,) = await self._apply_all([request])
+        return ack
+
+    async def _apply_all(self, requests: list[replication_pb2.ReplicateRequest]
+                         ) -> list[replication_pb2.ReplicateAck]:
+        if not requests:
+            return []
+        accepted = [await self._accept(request) if request.stream else self._heartbeat(request)
+                    for request in requests]
+        if any(wrote for _, _, wrote in accepted):
+            await self._committer.durable()
+        for request, (ack, stream, _) in zip(requests, accepted, strict=True):
+            if stream is not None and not ack.refused:
+                stream.durable_seq = max(stream.durable_seq, ack.last_seq)
+                stream.set_commit_seq(request.commit_seq)
+        return [ack for ack, _, _ in accepted]
+
+    def _heartbeat(self, request: replication_pb2.ReplicateRequest
+                   ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
+        """A link heartbeat: apply its commit notices; its ack keeps the primary's lease."""
+        for notice in request.commits[:heartbeat_commits_max]:
+            stream = self._engine.streams.get(notice.stream)
+            if stream is not None and notice.epoch == stream.record.epoch \
+                    and notice.epoch >= stream.record.fenced_epoch:
+                stream.set_commit_seq(min(notice.commit_seq, stream.durable_seq))
+        return replication_pb2.ReplicateAck(request_id=request.request_id), None, False
+
+    async def _accept(self, request: replication_pb2.ReplicateRequest
+                      ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
+        """Checks and writes one batch (not yet durable): (ack, local stream, wrote)."""
+        ack = replication_pb2.ReplicateAck(stream=request.stream, epoch=request.epoch,
+                                           request_id=request.request_id)
+        stream: Stream | None = None
+        try:
+            stream = await self._local(request.stream)
+            last_seq = stream.accept_replicated(request)
+            stream.replicated_by = request.primary
+            ack.last_seq = last_seq
+            ack.replica_epoch = stream.record.epoch
+            return ack, stream, bool(request.messages or request.removed or request.reseed)
+        except RaftlogError as err:
+            self.refusals += 1
+            if err.reason not in (Reason.SEQ_GAP,):
+                log.warning("refused a batch of %s from %s (epoch %d, seq %d): %s %s",
+                            request.stream, request.primary, request.epoch, request.first_seq,
+                            err.reason.name, err.message)
+            ack.refused = err.reason.name
+            ack.message = err.message
+            ack.last_seq = int(err.metadata.get("last_seq", stream.last_seq if stream else 0))
+            ack.replica_epoch = int(err.metadata.get("replica_epoch", 0))
+            return ack, stream, False
+
+    async def _local(self, name: str) -> Stream:
+        stream = self._engine.streams.get(name)
+        if stream is None:
+            stream = await self._ensure_replica(name)
+        assert stream is not None
+        return stream
+
+    def _state(self, name: str) -> replication_pb2.ReplicaState:
+        stream = self._engine.streams.get(name)
+        if stream is None:
+            return replication_pb2.ReplicaState(stream=name, node_id=self._node_id)
+        epoch, first_seq, last_seq, commit_seq = stream.replica_state()
+        return replication_pb2.ReplicaState(
+            stream=name, node_id=self._node_id, exists=True, epoch=epoch, first_seq=first_seq,
+            last_seq=last_seq, commit_seq=commit_seq, fenced_epoch=stream.record.fenced_epoch,
+            last_epoch=stream.record.last_epoch,
+            serving=stream.role == ROLE_PRIMARY and stream.deposed is None)
+
+    def _fence_now(self, name: str, fence_epoch: int) -> Stream | None:
+        """Refuses batches below `fence_epoch` from now on (durable once the caller awaited
+        the group commit); a primary below that epoch stops taking writes. STALE_EPOCH when
+        this node already leads at or above it."""
+        stream = self._engine.streams.get(name)
+        if stream is None or not fence_epoch:
+            return None
+        if stream.role == ROLE_PRIMARY and stream.deposed is None:
+            if stream.record.epoch >= fence_epoch:
+                raise RaftlogError(Reason.STALE_EPOCH, "this node already leads that epoch",
+                                   stream=name, epoch=stream.record.epoch)
+            # A failover or a planned handover: take no more writes; replication of what is
+            # stored carries on so that the successor can catch up.
+            stream.depose(RaftlogError(
+                Reason.NOT_PRIMARY, f"{name!r} is moving to another node; retry with the "
+                "same msg_id", stream=name))
+        if stream.fence_unsynced(fence_epoch) and stream.role != ROLE_PRIMARY:
+            self._notify_fenced(stream, fence_epoch)
+        return stream
+
+    @rpc.unary
+    async def GetReplicaState(self, request: replication_pb2.GetReplicaStateRequest,
+                              context: Context) -> replication_pb2.ReplicaState:
+        if self._fence_now(request.stream, request.fence_epoch) is not None:
+            await self._committer.durable()
+        return self._state(request.stream)
+
+    @rpc.unary
+    async def Survey(self, request: replication_pb2.SurveyRequest,
+                     context: Context) -> replication_pb2.SurveyReply:
+        """Many GetReplicaState calls in one: all fences share one fsync, then every state."""
+        if len(request.streams) > survey_streams_max:
+            raise RaftlogError(Reason.BATCH_TOO_LARGE, f"a survey names at most "
+                               f"{survey_streams_max} streams", limit=survey_streams_max)
+        refused: dict[int, RaftlogError] = {}
+        fenced = False
+        for index, item in enumerate(request.streams):
+            try:
+                fenced = self._fence_now(item.stream, item.fence_epoch) is not None or fenced
+            except RaftlogError as err:
+                refused[index] = err
+        if fenced:
+            await self._committer.durable()
+        reply = replication_pb2.SurveyReply()
+        for index, item in enumerate(request.streams):
+            state = self._state(item.stream)
+            if index in refused:  # leads at or above the fence: report, do not fence
+                state.serving = True
+            reply.states.append(state)
+        return reply
+
+    @rpc.unary
+    async def ReadLocal(self, request: replication_pb2.ReadLocalRequest,
+                        context: Context) -> replication_pb2.ReadLocalResponse:
+        limit = min(request.limit or read_local_limit_max, read_local_limit_max)
+        stream = self._engine.streams.get(request.stream)
+        reply = replication_pb2.ReadLocalResponse(state=self._state(request.stream))
+        if stream is None:
+            return reply
+        first = max(request.from_seq, stream.first_seq)
+        values = stream.stored_values(from_seq=first,
+                                      to_seq=min(stream.last_seq, first + limit - 1),
+                                      bytes_max=64 * 1024 * 1024)
+        reply.messages.extend(replication_pb2.LocalMessage(seq=first + i, stored=value)
+                              for i, value in enumerate(values) if value)
+        return reply
+
+    async def Ping(self, request: replication_pb2.PingRequest,
+                   context: Context) -> replication_pb2.PingReply:
+        reply = self._health()
+        if request.nonce and self._credential is not None:
+            reply.proof = self._credential.prove(request.nonce[:nonce_bytes_max],
+                                                 principal=self._node_id)
+        return reply

@@ -1,0 +1,10 @@
+"""raftlog.node.transport: gRPC plumbing shared by the layers above the engine. Imports only
+`raftlog.base` and the protos.
+
+- `rpc`           the one mapping between `RaftlogError` and gRPC status + ErrorInfo.
+- `forwarding`    the channel pool and the forwarder of per-stream calls.
+- `credentials`   the cluster secret and the call tokens made from it.
+- `peer`          the peer listener's gate and the client of other nodes' peer listeners.
+- `malformed`     undecodable requests answered INVALID_ARGUMENT.
+- `subscriptions` the bound on long-lived Subscribe calls.
+"""

@@ -1,0 +1,86 @@
+"""How many long-lived Subscribe calls a node holds at once.
+
+`SubscriptionLimitInterceptor` takes a slot for every call of the limited methods while it runs
+(served here or relayed to the stream's primary: both cost this node a task and buffers) and
+refuses a call that finds every slot taken with RESOURCE_EXHAUSTED / TOO_MANY_SUBSCRIPTIONS,
+before anything is read. A slot comes back when the call ends, however it ends (finished,
+failed, cancelled by the client or by the server's shutdown).
+
+Install it outside forwarding.RoutingInterceptor, so that relayed calls count:
+`grpc.aio.server(interceptors=[MalformedRequestInterceptor(), SubscriptionLimitInterceptor(),
+RoutingInterceptor(...)])`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from raftlog.base import limits
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.node.transport import rpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+LIMITED_METHODS = frozenset({"/raftlog.v1.Consumers/Subscribe"})
+
+
+class SubscriptionSlots:
+    """A counter with a ceiling; single-threaded (the event loop)."""
+
+    def __init__(self, slots_max: int = limits.subscriptions_max) -> None:
+        self.slots_max = slots_max
+        self.taken = 0
+
+    def take(self, method: str) -> None:
+        """Takes a slot or raises TOO_MANY_SUBSCRIPTIONS."""
+        if self.taken >= self.slots_max:
+            raise RaftlogError(
+                Reason.TOO_MANY_SUBSCRIPTIONS,
+                f"this node holds {self.taken} subscriptions, its limit; end one or subscribe "
+                "through another node", method=method, limit=self.slots_max)
+        self.taken += 1
+
+    def give_back(self) -> None:
+        self.taken -= 1
+
+
+class SubscriptionLimitInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, slots: SubscriptionSlots | None = None, *,
+                 methods: frozenset[str] = LIMITED_METHODS) -> None:
+        self.slots = slots or SubscriptionSlots()
+        self._methods = methods
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler: Any = await continuation(details)
+        method: str = details.method  # type: ignore[attr-defined]
+        if (handler is None or method not in self._methods or handler.unary_stream is None
+                or not inspect.isasyncgenfunction(handler.unary_stream)):
+            return handler
+        return grpc.unary_stream_rpc_method_handler(
+            self._held(method, handler.unary_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+    def _held(self, method: str, behaviour: Callable[[Any, Context], AsyncGenerator[Any, None]]
+              ) -> Callable[[Any, Context], AsyncIterator[Any]]:
+        async def held(request: Any, context: Context) -> AsyncIterator[Any]:
+            try:
+                self.slots.take(method)
+            except RaftlogError as err:
+                await rpc.abort(context, err)
+            try:
+                async with contextlib.aclosing(behaviour(request, context)) as responses:
+                    async for response in responses:
+                        yield response
+            finally:
+                self.slots.give_back()
+
+        return held
