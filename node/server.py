@@ -38,6 +38,7 @@ from raftlog.node.consumers.rocks_store import RocksConsumerStore
 from raftlog.node.consumers.store import ConsumerStore
 from raftlog.node.engine.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
 from raftlog.node.engine.streams import StreamEngine
+from raftlog.node.replication.links import GrpcLinkTransport
 from raftlog.node.replication.primary import ReplicationManager
 from raftlog.node.replication.service import ReplicationService
 from raftlog.node.transport.credentials import Credential
@@ -141,7 +142,8 @@ class Node:
         self.credential = Credential(self.config.cluster_secret, clock=self.clock)
         self.peers = PeerClient(node_id=cluster.node_id, credential=self.credential,
                                 address_of=cluster.member_peer_address)
-        cluster.replication = ReplicationManager(node_id=cluster.node_id, peers=self.peers,
+        cluster.replication = ReplicationManager(node_id=cluster.node_id,
+                                                 transport=GrpcLinkTransport(self.peers),
                                                  clock=self.clock)
         self.liveness = LivenessMonitor(node_id=cluster.node_id, members=cluster.member_ids,
                                         peers=self.peers, clock=self.clock)
@@ -184,7 +186,8 @@ class Node:
             MalformedRequestInterceptor(), SubscriptionLimitInterceptor()]
         if self.cluster is not None:
             await self.cluster.start()
-            assert self.cluster.replication is not None
+            if self.cluster.replication is None:
+                raise InvariantViolation("a clustered node without its replication manager")
             self.cluster.replication.start()
             self.liveness.start()
             self.failover.start()

@@ -1,7 +1,13 @@
 """raftlog.raft: the cluster's metadata group — members, stream assignments with fence epochs
 and authority overrides, consumer progress — replicated with Raft.
 
-- `state`    the pure state machine: `apply(state, command) -> result`, invariants, snapshots.
+- `state`    the pure state machine: `apply(state, command) -> result`, dispatching to:
+  - `state_members`   members: join, leave, status;
+  - `state_streams`   streams and placement: create, update, delete, promotes, overrides;
+  - `state_consumers` consumers and their progress;
+  - `state_rules`     what the handlers share: rejections, lookups, placement checks.
+- `state_model`    `MetaState`, the metadata limits, `check_invariants`.
+- `state_snapshot` the snapshot codec: `to_snapshot`, `encode_snapshot`, `from_snapshot`.
 - `commands` keyword-only builders of the commands (`raft.proto`).
 - `api`      what node code sees: the `MetaGroup` protocol, events, status, `ensure_ok`.
 - `group`    `RaftGroup`, over pysyncobj (the only module that imports it).

@@ -32,7 +32,7 @@ from typing import Protocol, TypeVar
 
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2
-from raftlog.raft.state import MetaState
+from raftlog.raft.state_model import MetaState
 
 log = logging.getLogger(__name__)
 

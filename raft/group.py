@@ -1,7 +1,8 @@
 """`RaftGroup`: the cluster's metadata group over pysyncobj 0.3.17 — the ONLY module that
 imports pysyncobj.
 
-It owns everything that reaches into pysyncobj (each reach is covered by tests/test_raft_group.py):
+It owns everything that reaches into pysyncobj (each reach is covered by
+tests/process/test_raft_group.py):
 - the journal: `pysyncobj.syncobj.createJournal` is replaced by a function returning our
   `RocksJournal` while the SyncObj is constructed (under a lock, restored in `finally`); it is
   called exactly once, in `SyncObj.__init__`;
@@ -81,7 +82,10 @@ from raftlog.raft.api import (
 )
 from raftlog.raft.journal import RocksJournal
 from raftlog.raft.snapshot_file import fsync_directory, read_snapshot_file, write_snapshot_file
-from raftlog.raft.state import MetaState, apply, encode_snapshot, from_snapshot, rejected
+from raftlog.raft.state import apply
+from raftlog.raft.state_model import MetaState
+from raftlog.raft.state_rules import rejected
+from raftlog.raft.state_snapshot import encode_snapshot, from_snapshot
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from raftlog.raft.api import (
     running_loop_or_none,
     stamped,
 )
-from raftlog.raft.state import MetaState, apply
+from raftlog.raft.state import apply
+from raftlog.raft.state_model import MetaState
 
 
 class MemoryRaftGroup:

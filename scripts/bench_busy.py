@@ -34,16 +34,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import bench_failover  # scripts/ is sys.path[0]
 import grpc
 
+from raftlog.chaos.cluster import LocalCluster
+from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
+
 ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import bench_failover  # noqa: E402  scripts/ is sys.path[0]
-
-from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2  # noqa: E402
-from tests.clusterproc import LocalCluster  # noqa: E402
 
 SCHEMA = "raftlog-bench-busy/1"
 sample_period_s = 1.0

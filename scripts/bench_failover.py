@@ -6,7 +6,7 @@ at the end, also on error or SIGTERM) and runs `--trials` trials. Each trial:
     1. creates a fresh R3 stream (`failover-<trial>`), limits retention;
     2. starts a sync publisher (one publish in flight, 0.5 s call timeout, unthrottled unless
        --rate) on a node that is NOT the stream's primary, moving to the next node on failure and
-       retrying with the same msg_id (tests/workload.py);
+       retrying with the same msg_id (chaos/workload.py);
     3. after --pre-s seconds, kill -9 of the stream's primary (Cluster.ExplainRoute);
     4. measures `recover_s`, the time from the kill to the ack of the first publish sent after it
        (as the JetStream peer does), giving up after --recover-timeout-s;
@@ -48,12 +48,10 @@ from typing import Any
 
 import grpc
 
-ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
-if str(ROOT) not in sys.path:  # tests/ holds the workload and the cluster harness
-    sys.path.insert(0, str(ROOT))
+from raftlog.chaos import workload as wl
+from raftlog.chaos.cluster import LocalCluster
 
-from tests import workload as wl  # noqa: E402
-from tests.clusterproc import LocalCluster  # noqa: E402
+ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
 
 PEER_RUN = ROOT.parent / "shared" / "peers" / "jetstream" / "run"
 SCHEMA = "raftlog-bench-failover/1"

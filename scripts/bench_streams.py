@@ -34,18 +34,16 @@ from typing import Any
 
 import grpc
 
-ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from raftlog.v1 import (  # noqa: E402
+from raftlog.chaos.cluster import LocalCluster
+from raftlog.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
     streams_pb2,
     streams_pb2_grpc,
     types_pb2,
 )
-from tests.clusterproc import LocalCluster  # noqa: E402
+
+ROOT = Path(os.environ.get("RAFTLOG_ROOT") or Path(__file__).resolve().parents[1])
 
 SCHEMA = "raftlog-bench-streams/1"
 block = 1_000

@@ -1,4 +1,4 @@
-"""Pytest plugin with the multi-process cluster fixtures (tests/clusterproc.py).
+"""Pytest plugin with the multi-process cluster fixtures (raftlog.chaos.cluster).
 
 Registered from tests/conftest.py: `pytest_plugins = ["tests.conftest_cluster"]`.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusterproc import LocalCluster
+from raftlog.chaos.cluster import LocalCluster
 
 
 @pytest.fixture

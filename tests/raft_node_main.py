@@ -1,4 +1,4 @@
-"""One metadata-group member in its own process, for tests/test_raft_group.py.
+"""One metadata-group member in its own process, for tests/process/test_raft_group.py.
 
     python tests/raft_node_main.py --self HOST:PORT [--peers A,B] --data DIR [--secret S]
 
@@ -34,7 +34,7 @@ from raftlog.internal import raft_pb2
 from raftlog.raft import commands
 from raftlog.raft.api import LeaderChange
 from raftlog.raft.group import RaftGroup
-from raftlog.raft.state import to_snapshot
+from raftlog.raft.state_snapshot import to_snapshot
 
 JOURNAL_CFS = ("raft_log", "raft_meta")
 

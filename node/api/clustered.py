@@ -153,6 +153,7 @@ class ClusterStreamsService(StreamsService):
         return await list_node(self._pool, address,
                                timeout_s=min(remaining_s(context), fanout_timeout_s))
 
+    @rpc.unary
     async def PublishStream(self, request_iterator: AsyncIterator[streams_pb2.PublishRequest],
                             context: Context) -> streams_pb2.PublishBatchResponse:
         """Messages for streams served here are published here; the rest are gathered per

@@ -9,7 +9,7 @@ import grpc
 
 from raftlog.base import limits, subjects
 from raftlog.base.errors import RaftlogError, Reason
-from raftlog.node.engine.stream import Appended
+from raftlog.node.engine.stream_publish import Appended
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.transport import rpc
 from raftlog.v1 import streams_pb2, streams_pb2_grpc, types_pb2
@@ -44,6 +44,20 @@ def _batch_response(
     return streams_pb2.PublishBatchResponse(
         results=results, acked=len(outcomes) - failed, failed=failed
     )
+
+
+def _fail_uncommitted(
+    stream_names: Sequence[str], outcomes: Sequence[Appended | RaftlogError],
+    confirmed: dict[str, int], failed: dict[str, RaftlogError],
+) -> list[Appended | RaftlogError]:
+    """A message above its stream's confirmed commit, in a stream whose commit failed, gets
+    that failure instead of a seq: it is not acknowledged (it may still be committed later or
+    truncated; a retry with its msg_id gets the original seq if it was kept)."""
+    if not failed:
+        return list(outcomes)
+    return [failed[name] if (name in failed and isinstance(outcome, Appended)
+                             and outcome.seq > confirmed.get(name, 0)) else outcome
+            for name, outcome in zip(stream_names, outcomes, strict=True)]
 
 
 def _limit(value: int, *, default: int, maximum: int, what: str) -> int:
@@ -157,13 +171,10 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
         outcomes = await self._engine.publish(request.stream, request.entries)
         return _batch_response([request.stream] * len(outcomes), outcomes)
 
+    @rpc.unary
     async def PublishStream(self, request_iterator: AsyncIterator[streams_pb2.PublishRequest],
                             context: Context) -> streams_pb2.PublishBatchResponse:
-        try:
-            return await self._publish_stream(request_iterator)
-        except RaftlogError as err:
-            await context.abort_with_status(rpc.to_status(err))
-            raise
+        return await self._publish_stream(request_iterator)
 
     async def _publish_stream(
         self, requests: AsyncIterator[streams_pb2.PublishRequest]
@@ -173,6 +184,8 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
         names: list[str] = []
         outcomes: list[Appended | RaftlogError] = []
         pending: dict[str, int] = {}
+        confirmed: dict[str, int] = {}
+        failed: dict[str, RaftlogError] = {}
         chunk: list[streams_pb2.PublishRequest] = []
         staged = 0
         async for request in requests:
@@ -182,12 +195,12 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
                 chunk = []
             chunk.append(request)
             if staged >= limits.stream_publish_inflight_max:
-                await self._commit(pending)
+                await self._commit(pending, confirmed, failed)
                 staged = 0
         if chunk:
             self._stage(chunk, names, outcomes, pending)
-        await self._commit(pending)
-        return _batch_response(names, outcomes)
+        await self._commit(pending, confirmed, failed)
+        return _batch_response(names, _fail_uncommitted(names, outcomes, confirmed, failed))
 
     def _stage(self, chunk: list[streams_pb2.PublishRequest], names: list[str],
                outcomes: list[Appended | RaftlogError], pending: dict[str, int]) -> int:
@@ -205,7 +218,18 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
             pending[name] = max(pending.get(name, 0), wait_seq)
         return len(chunk)
 
-    async def _commit(self, pending: dict[str, int]) -> None:
+    async def _commit(self, pending: dict[str, int], confirmed: dict[str, int],
+                      failed: dict[str, RaftlogError]) -> None:
+        """Awaits the commit of each stream's staged messages; `confirmed` holds the seq each
+        stream is known committed through. A stream whose commit fails (NO_QUORUM,
+        NOT_PRIMARY...) is noted in `failed`, and the other streams of the call go on."""
         for name, wait_seq in pending.items():
-            await self._engine.commit(name, wait_seq)
+            if name in failed:
+                continue
+            try:
+                await self._engine.commit(name, wait_seq)
+            except RaftlogError as err:
+                failed[name] = err
+            else:
+                confirmed[name] = max(confirmed.get(name, 0), wait_seq)
         pending.clear()

@@ -1,5 +1,5 @@
 """A local cluster: N `raftlog node` processes on loopback, started, awaited, stopped and
-reported from one directory. Used by `raftlog cluster up|down|status` and by tests/clusterproc.py.
+reported from one directory. Used by `raftlog cluster up|down|status` and by chaos/cluster.py.
 
 This module owns the layout of that directory (node i, 1-based):
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable
 
 from raftlog.base.clock import Clock
-from raftlog.base.errors import RaftlogError, Reason
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.cluster.liveness import LivenessMonitor
 from raftlog.node.cluster.ring import Ring
@@ -29,7 +29,7 @@ from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.replication.primary import ReplicationManager
 from raftlog.raft.api import Applied, LeaderChange, MetaGroup, ensure_ok
-from raftlog.raft.state import MetaState, StreamAssignment
+from raftlog.raft.state_model import MetaState, StreamAssignment
 from raftlog.v1 import cluster_pb2, types_pb2
 
 log = logging.getLogger(__name__)
@@ -358,7 +358,8 @@ class ClusterNode:
                  event.is_leader)
 
     def _emit(self, event: Applied, stream: str) -> None:
-        assert event.command is not None
+        if event.command is None:
+            raise InvariantViolation("an applied event without its command")
         kind = event.command.WhichOneof("command") or ""
         watch_type = _WATCH_TYPES.get(kind)
         if watch_type is None or not self.watchers:

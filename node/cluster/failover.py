@@ -45,7 +45,7 @@ from raftlog.node.cluster.replica_sets import most_complete
 from raftlog.node.replication.primary import lease_s
 from raftlog.node.transport.peer import PeerClient
 from raftlog.raft.api import MetaGroup, command_bytes_max, ensure_ok
-from raftlog.raft.state import promotes_max
+from raftlog.raft.state_model import promotes_max
 
 __all__ = ["FailoverCoordinator", "LivenessMonitor", "Need"]
 
@@ -249,7 +249,7 @@ class FailoverCoordinator:
 
 def _chunks(promotes: list[raft_pb2.StreamPromote]) -> list[list[raft_pb2.StreamPromote]]:
     """Promotes split so each Raft entry stays under the command size limit and the state
-    machine's count limit (raft/state.py `promotes_max`)."""
+    machine's count limit (raft/state_model.py `promotes_max`)."""
     chunks: list[list[raft_pb2.StreamPromote]] = []
     size = 0
     for promote in promotes:

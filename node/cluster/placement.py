@@ -55,7 +55,7 @@ from raftlog.node.cluster.replica_sets import (
 from raftlog.node.cluster.ring import Ring
 from raftlog.node.transport.peer import PeerClient
 from raftlog.raft.api import MetaGroup, ensure_ok
-from raftlog.raft.state import StreamAssignment
+from raftlog.raft.state_model import StreamAssignment
 from raftlog.v1 import cluster_pb2
 
 log = logging.getLogger(__name__)

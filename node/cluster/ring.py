@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from raftlog.base.errors import RaftlogError, Reason
 
-# Tokens per member. Measured with 10,000 stream names (tests/test_ring.py): 256 keeps the
+# Tokens per member. Measured with 10,000 stream names (tests/process/test_ring.py): 256 keeps the
 # busiest member within 1.20x of the mean for 3, 5 and 7 members across 900 random member-name
 # sets (p99 1.15 / 1.17 / 1.19); 128 reaches 1.31 and 512 gains only ~0.03 at 7 members, where
 # the sampling noise of 10,000 streams (~2.6 %) dominates. Changing it moves streams.

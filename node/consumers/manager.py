@@ -42,6 +42,7 @@ from raftlog.base import limits
 from raftlog.base import subjects as subject_rules
 from raftlog.base.clock import Clock
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.base.waiters import settle
 from raftlog.internal import storage_pb2
 from raftlog.node.consumers.config import check_work_queue_filter, validate_config
 from raftlog.node.consumers.state import DeliveryState
@@ -98,14 +99,10 @@ class _Flusher:
             self._task = None
 
     def _settle(self, covered: int, error: BaseException | None) -> None:
+        ready = []
         while self._waiters and self._waiters[0][0] <= covered:
-            _, waiter = self._waiters.popleft()
-            if waiter.done():
-                continue
-            if error is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(error)
+            ready.append(self._waiters.popleft()[1])
+        settle(ready, error)
 
 
 @dataclass(frozen=True)

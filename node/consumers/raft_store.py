@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.base.waiters import settle
 from raftlog.internal import raft_pb2, storage_pb2
 from raftlog.raft import commands
 from raftlog.raft.api import OUTCOME_UNKNOWN, MetaGroup, command_bytes_max, ensure_ok
-from raftlog.raft.state import consumer_updates_max
+from raftlog.raft.state_model import consumer_updates_max
 from raftlog.v1 import consumers_pb2
 
 log = logging.getLogger(__name__)
@@ -318,14 +319,8 @@ class RaftConsumerStore:
         return bool(save.acked) or save.ack_floor > floor or save.delivered_seq > delivered_seq
 
     def _settle(self, save: PendingSave, error: RaftlogError | None) -> None:
-        for waiter in save.waiters:
-            self._waiting -= 1
-            if waiter.done():
-                continue
-            if error is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(error)
+        self._waiting -= len(save.waiters)
+        settle(save.waiters, error)
         save.waiters.clear()
 
 

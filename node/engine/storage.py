@@ -20,7 +20,9 @@ from pathlib import Path
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
+from raftlog.base.errors import InvariantViolation
 from raftlog.base.files import ensure_dir, fsync_dir
+from raftlog.base.waiters import settle
 
 log = logging.getLogger(__name__)
 
@@ -184,19 +186,15 @@ class GroupCommitter:
                 os._exit(70)
             synced = target
             self.fsyncs += 1
-            assert self._loop is not None
+            if self._loop is None:
+                raise InvariantViolation("the group-commit thread runs before start()")
             self._loop.call_soon_threadsafe(self._resolve, target)
 
     def _resolve(self, generation: int) -> None:
         self._synced = max(self._synced, generation)
-        still_waiting = []
-        for wanted, future in self._waiters:
-            if wanted <= self._synced:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                still_waiting.append((wanted, future))
-        self._waiters = still_waiting
+        settle(future for wanted, future in self._waiters if wanted <= self._synced)
+        self._waiters = [(wanted, future) for wanted, future in self._waiters
+                         if wanted > self._synced]
 
     def stop(self) -> None:
         with self._wake:

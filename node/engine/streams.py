@@ -25,8 +25,9 @@ from raftlog.node.engine.storage import (
     GroupCommitter,
     Storage,
 )
-from raftlog.node.engine.stream import Appended, Draft, Stream
+from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.stream_config import apply_update, validate_config
+from raftlog.node.engine.stream_publish import Appended, Draft
 from raftlog.v1 import streams_pb2, types_pb2
 
 log = logging.getLogger(__name__)

@@ -3,6 +3,10 @@
 
 - `primary` the primary's side: links to replica nodes, per-stream progress, the commit rule and
             the read lease.
+- `links`   what a link needs of the wire (`LinkTransport`, `LinkCall`) and the gRPC
+            implementation (the Replicate call on the peer listener).
+- `memory_link` the in-memory implementation: simulated nodes of one process, with faults
+            (cut, drop, delay), for tests.
 - `replica` the replica's side of one stream: checking a batch and applying it; fencing.
 - `service` the Replication gRPC service on the peer listener.
 """

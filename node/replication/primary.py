@@ -2,10 +2,12 @@
 the commit rule, and the read lease.
 
 - One `PeerLink` per replica node: a long-lived bidirectional Replicate call shared by every
-  stream this node leads there. The link, not the stream, heartbeats (every `heartbeat_s`,
-  carrying the commit seqs that moved since), times out (a request unanswered for
-  `request_timeout_s` restarts the call), and keeps the clock of the lease: the send time of
-  the latest request the replica acknowledged. Requests and acks travel in order on one call.
+  stream this node leads there, opened through a `LinkTransport` (node/replication/links.py:
+  gRPC on the peer listener in a node, in memory in tests). The link, not the stream,
+  heartbeats (every `heartbeat_s`, carrying the commit seqs that moved since), times out (a
+  request unanswered for `request_timeout_s` restarts the call), and keeps the clock of the
+  lease: the send time of the latest request the replica acknowledged. Requests and acks
+  travel in order on one call.
 - One `StreamReplicator` per stream this node leads (replication factor > 1). It does work only
   when there is some: data not yet sent, a replica whose position is unknown, removals to pass
   on. For each replica up to `inflight_max` batches in flight, each carrying everything not yet
@@ -31,16 +33,13 @@ import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import grpc
 
 from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.engine.stream import Stream
+from raftlog.node.replication.links import LinkCall, LinkReset, LinkTransport
 from raftlog.node.replication.replica import removed_seqs_max
-from raftlog.node.transport.peer import PeerClient
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +73,19 @@ def to_ranges(seqs: list[int]) -> list[tuple[int, int]]:
 class PeerLink:
     """The Replicate call to one replica node; see the module docstring."""
 
-    def __init__(self, *, node_id: str, self_id: str, peers: PeerClient, clock: Clock,
+    def __init__(self, *, node_id: str, self_id: str, transport: LinkTransport, clock: Clock,
                  on_ack: Callable[[str, replication_pb2.ReplicateAck], None],
                  on_reset: Callable[[str], None]) -> None:
         self.node_id = node_id
         self._self_id = self_id
-        self._peers = peers
+        self._transport = transport
         self._clock = clock
         self._on_ack = on_ack
         self._on_reset = on_reset
         self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
             link_queue_max)
         self._task: asyncio.Task[None] | None = None
-        self._call: Any = None
+        self._call: LinkCall | None = None
         self._restarting = False
         self._next_id = 1
         self._sent: collections.deque[tuple[int, float]] = collections.deque()  # in order
@@ -173,15 +172,15 @@ class PeerLink:
             # its queue, and must not take what is meant for the next call.
             self._queue = asyncio.Queue(link_queue_max)
             try:
-                self._call = self._peers.replicate(self.node_id, self._requests(self._queue))
-                async for ack in self._call:
+                self._call = self._transport.open(self.node_id, self._requests(self._queue))
+                async for ack in self._call.acks():
                     if not self.connected:
                         self.connected = was_connected = True  # tick() wakes the waiting
                     self._on_answer(ack)
             except asyncio.CancelledError:
                 if not self._restarting:
                     raise  # the link itself is being stopped
-            except (grpc.aio.AioRpcError, RaftlogError) as err:
+            except (LinkReset, RaftlogError) as err:
                 log.debug("replication link to %s: %s", self.node_id, err)
             except Exception:
                 log.exception("replication link to %s failed", self.node_id)
@@ -387,9 +386,9 @@ class StreamReplicator:
 class LinkSet:
     """Links to every replica node, created on first use; routes acks to replicators."""
 
-    def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
+    def __init__(self, *, node_id: str, transport: LinkTransport, clock: Clock) -> None:
         self._node_id = node_id
-        self._peers = peers
+        self._transport = transport
         self._clock = clock
         self._links: dict[str, PeerLink] = {}
         self.replicators: dict[str, StreamReplicator] = {}
@@ -398,7 +397,7 @@ class LinkSet:
     def link(self, node_id: str) -> PeerLink:
         link = self._links.get(node_id)
         if link is None:
-            link = PeerLink(node_id=node_id, self_id=self._node_id, peers=self._peers,
+            link = PeerLink(node_id=node_id, self_id=self._node_id, transport=self._transport,
                             clock=self._clock, on_ack=self._on_ack, on_reset=self._on_reset)
             link.start()
             self._links[node_id] = link
@@ -464,9 +463,10 @@ class LinkSet:
 class ReplicationManager:
     """The streams this node leads with replication factor > 1, and the links' ticking."""
 
-    def __init__(self, *, node_id: str, peers: PeerClient, clock: Clock) -> None:
+    def __init__(self, *, node_id: str, transport: LinkTransport, clock: Clock) -> None:
+        """`transport` opens the Replicate calls: `GrpcLinkTransport(peers)` in a node."""
         self.node_id = node_id
-        self.links = LinkSet(node_id=node_id, peers=peers, clock=clock)
+        self.links = LinkSet(node_id=node_id, transport=transport, clock=clock)
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
 

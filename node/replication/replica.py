@@ -188,7 +188,7 @@ def _delete_existing(stream: Stream, batch: WriteBatch, lower: int, upper: int,
 
 def _append_stored(stream: Stream, batch: WriteBatch, seq: int, value: bytes,
                    touched: set[str]) -> None:
-    from raftlog.node.engine.stream import SubjectStat, stored_size
+    from raftlog.node.engine.stream_core import SubjectStat, stored_size
 
     stored = storage_pb2.StoredMessage.FromString(value)
     batch.put(keys.message_key(stream.stream_id, seq), value, stream._storage.handle(CF_MESSAGES))

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from raftlog.base.errors import RaftlogError, Reason
+from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.internal import replication_pb2, replication_pb2_grpc
 from raftlog.node.engine.storage import GroupCommitter
 from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
@@ -55,8 +55,21 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
 
     async def Replicate(self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest],
                         context: Context) -> AsyncIterator[replication_pb2.ReplicateAck]:
+        """One primary's Replicate call; see `replicate`."""
+        answers = self.replicate(request_iterator)
+        try:
+            async for ack in answers:
+                yield ack
+        finally:
+            await answers.aclose()
+
+    async def replicate(self, request_iterator: AsyncIterator[replication_pb2.ReplicateRequest]
+                        ) -> AsyncGenerator[replication_pb2.ReplicateAck, None]:
         """Applies batches in order; the batches waiting together share one fsync (group
-        commit), and each is acknowledged, in order, once that fsync is done."""
+        commit), and each is acknowledged, in order, once that fsync is done. Fence notices
+        for the sending primary go out on the same call, in order with the answers. The body
+        of the Replicate call, also driven directly by the in-memory link
+        (node/replication/memory_link.py)."""
         queue: asyncio.Queue[replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck
                              | None] = asyncio.Queue()
         primaries: list[str] = []  # the primary this call comes from, once it said
@@ -181,7 +194,8 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         stream = self._engine.streams.get(name)
         if stream is None:
             stream = await self._ensure_replica(name)
-        assert stream is not None
+        if stream is None:
+            raise InvariantViolation(f"no local copy of {name!r} after creating one")
         return stream
 
     def _state(self, name: str) -> replication_pb2.ReplicaState:

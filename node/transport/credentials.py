@@ -138,7 +138,8 @@ class Credential:
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def token(self, *, principal: str, method: str) -> str:
-        """A token for one call of `method` (the full path, e.g. /raftlog.internal.Replication/Ping)."""
+        """A token for one call of `method` (the full path, e.g.
+        /raftlog.internal.Replication/Ping)."""
         if "." in principal or not principal:
             raise ValueError(f"principal {principal!r} must be non-empty and contain no '.'")
         ts_ms = self._clock.wall_ms()

@@ -1,0 +1,273 @@
+"""Publishing to one stream: drafts, the checks on each (subject, size, headers, msg_id
+dedupe, expected seqs), seq assignment into one unsynced WriteBatch, and the wait for the
+commit (durable here and, when replicated, on a majority of the stream's replicas).
+
+A publish assigns seqs and writes at once, then awaits the group commit; it is answered only
+by the primacy that staged it. Retention by count, bytes and per-subject count is applied in
+the publishing batch (`stream_retention`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rocksdict import WriteBatch
+
+from raftlog.base import limits, subjects
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.internal import storage_pb2
+from raftlog.node.engine import keys
+from raftlog.node.engine.storage import CF_DEDUPE, CF_MESSAGES, CF_SUBJECTS
+from raftlog.node.engine.stream_core import SubjectStat
+from raftlog.node.engine.stream_retention import StreamRetention
+from raftlog.v1 import streams_pb2, types_pb2
+
+known_subjects_max = 10_000  # validated subjects remembered per stream
+commit_wait_s_max = 10.0  # a publish waits this long for a quorum before UNAVAILABLE
+commit_check_s = 0.1  # a waiting publish checks this often that a majority still answers
+
+
+# One message to publish, as the API hands it over: a batch entry or a request (their field
+# numbers agree, and a stored message is the draft's own bytes plus ts_ms and epoch).
+Draft = streams_pb2.PublishEntry | streams_pb2.PublishRequest
+
+
+def draft(subject: str, payload: bytes = b"", *, headers: Sequence[tuple[str, str]] = (),
+          msg_id: str = "", expected_last_seq: int | None = None,
+          expected_last_subject_seq: int | None = None) -> Draft:
+    entry: Draft = streams_pb2.PublishEntry(
+        subject=subject, payload=payload, msg_id=msg_id,
+        headers=[types_pb2.Header(key=k, value=v) for k, v in headers],
+    )
+    if expected_last_seq is not None:
+        entry.expected_last_seq = expected_last_seq
+    if expected_last_subject_seq is not None:
+        entry.expected_last_subject_seq = expected_last_subject_seq
+    return entry
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    seq: int
+    duplicate: bool = False
+
+
+class StreamPublishing(StreamRetention):
+    """Publishing: the checks, seq assignment and commit wait of `Stream` (stream.py)."""
+
+    def _subject_key(self, subject: str) -> tuple[bytes, int]:
+        """The subject's index key prefix and byte length, once the subject is known to be
+        acceptable to this stream."""
+        known = self._known_subjects.get(subject)
+        if known is not None:
+            return known
+        subjects.validate_subject(subject)
+        if not subjects.matches_any(list(self.config.subjects), subject):
+            raise RaftlogError(
+                Reason.SUBJECT_NOT_IN_STREAM,
+                f"subject {subject!r} is not accepted by stream {self.name!r}",
+                subject=subject,
+            )
+        if len(self._known_subjects) >= known_subjects_max:
+            self._known_subjects.clear()
+        known = (keys.index_prefix(self.stream_id, subject), len(subject.encode()))
+        self._known_subjects[subject] = known
+        return known
+
+    @staticmethod
+    def _headers_size(headers: Sequence[types_pb2.Header]) -> int:
+        if len(headers) > limits.headers_count_max:
+            raise RaftlogError(
+                Reason.MESSAGE_TOO_LARGE, f"more than {limits.headers_count_max} headers",
+                limit=limits.headers_count_max,
+            )
+        size = 0
+        for header in headers:
+            header_size = len(header.key.encode()) + len(header.value.encode())
+            if not header.key:
+                raise RaftlogError(Reason.INVALID_ARGUMENT, "a header has an empty key")
+            if header_size > limits.header_bytes_max:
+                raise RaftlogError(
+                    Reason.MESSAGE_TOO_LARGE,
+                    f"header {header.key[:64]!r} is longer than {limits.header_bytes_max} bytes",
+                    limit=limits.header_bytes_max,
+                )
+            size += header_size
+        return size
+
+    def _check_size(self, entry: Draft, size: int, size_max: int) -> None:
+        if size > size_max:
+            raise RaftlogError(
+                Reason.MESSAGE_TOO_LARGE,
+                f"message of {size} bytes exceeds the limit of {size_max}",
+                size=size, limit=size_max,
+            )
+        if len(entry.msg_id) > limits.msg_id_bytes_max:
+            raise RaftlogError(
+                Reason.INVALID_ARGUMENT, f"msg_id is longer than {limits.msg_id_bytes_max} bytes"
+            )
+
+    def _check_expectations(self, entry: Draft) -> None:
+        if entry.HasField("expected_last_seq") and entry.expected_last_seq != self.last_seq:
+            raise RaftlogError(
+                Reason.WRONG_LAST_SEQ,
+                f"expected last seq {entry.expected_last_seq}, stream is at {self.last_seq}",
+                last_seq=self.last_seq,
+            )
+        if entry.HasField("expected_last_subject_seq"):
+            stat = self.subject_stats.get(entry.subject)
+            current = stat.last_seq if stat else 0
+            if current != entry.expected_last_subject_seq:
+                raise RaftlogError(
+                    Reason.WRONG_LAST_SUBJECT_SEQ,
+                    f"expected last seq {entry.expected_last_subject_seq} at "
+                    f"{entry.subject!r}, it is {current}",
+                    last_subject_seq=current,
+                )
+
+    def _duplicate_of(self, msg_id: str, now_ms: int) -> int | None:
+        found = self.dedupe.get(msg_id)
+        if found is None:
+            return None
+        seq, ts_ms = found
+        return seq if ts_ms >= now_ms - self.dedupe_window_ms else None
+
+    def _expire_dedupe(self, batch: WriteBatch, now_ms: int) -> None:
+        cutoff = now_ms - self.dedupe_window_ms
+        handle = self._storage.handle(CF_DEDUPE)
+        while self.dedupe:
+            msg_id, (_, ts_ms) = next(iter(self.dedupe.items()))
+            if ts_ms >= cutoff and len(self.dedupe) <= limits.dedupe_entries_max:
+                return
+            self.dedupe.popitem(last=False)
+            batch.delete(keys.dedupe_key(self.stream_id, msg_id), handle)
+
+    def publish_staged(self, entries: Sequence[Draft]) -> tuple[
+        list[Appended | RaftlogError], int
+    ]:
+        """Checks, assigns seqs and writes (unsynced) a batch; returns per-entry results and
+        the seq that must be committed before any of them is acknowledged (0: none).
+
+        The hot path of the node: per message one subject lookup, one size check, the entry's
+        own bytes plus a shared tail (ts_ms, epoch) as the stored value, and two puts."""
+        if self.closed:
+            raise RaftlogError(Reason.STREAM_NOT_FOUND, f"stream {self.name!r} was deleted")
+        self._check_writable()
+        now_ms = self._clock.wall_ms()
+        tail = storage_pb2.StoredMessage(ts_ms=now_ms, epoch=self.record.epoch) \
+            .SerializeToString()
+        size_max = self.max_message_bytes
+        check_limits = self._has_limits()
+        record, stats = self.record, self.subject_stats
+        message_prefix = keys.stream_prefix(self.stream_id)
+        messages_cf = self._storage.handle(CF_MESSAGES)
+        subjects_cf = self._storage.handle(CF_SUBJECTS)
+        pack = keys.u64
+        results: list[Appended | RaftlogError] = []
+        wait_seq = 0
+        batch = self._storage.batch()
+        touched: set[str] = set()
+        for entry in entries:
+            subject, msg_id = entry.subject, entry.msg_id
+            expects = entry.HasField("expected_last_seq") or \
+                entry.HasField("expected_last_subject_seq")
+            try:
+                index_prefix, size = self._subject_key(subject)
+                headers = entry.headers
+                size += len(entry.payload) + (self._headers_size(headers) if headers else 0)
+                if size > size_max or msg_id:
+                    self._check_size(entry, size, size_max)
+                if msg_id:
+                    duplicate = self._duplicate_of(msg_id, now_ms)
+                    if duplicate is not None:
+                        results.append(Appended(duplicate, duplicate=True))
+                        wait_seq = max(wait_seq, duplicate)
+                        continue
+                if expects:
+                    self._check_expectations(entry)
+            except RaftlogError as err:
+                results.append(err)
+                continue
+            seq = record.last_seq + 1
+            if expects or isinstance(entry, streams_pb2.PublishRequest):
+                entry = self._stored_form(entry)
+            seq_key = pack(seq)
+            batch.put(message_prefix + seq_key, entry.SerializeToString() + tail, messages_cf)
+            batch.put(index_prefix + seq_key, b"", subjects_cf)
+            stat = stats.get(subject)
+            if stat is None:
+                stats[subject] = SubjectStat(1, seq)
+            else:
+                stat.count += 1
+                stat.last_seq = seq
+            if msg_id:
+                self._remember(batch, msg_id, seq=seq, now_ms=now_ms)
+            record.last_seq = seq
+            record.last_epoch = record.epoch
+            record.messages += 1
+            record.bytes += size
+            if record.messages == 1:
+                record.first_seq = seq
+            touched.add(subject)
+            results.append(Appended(seq))
+            wait_seq = seq
+            if check_limits and self._over_limits(subject):
+                batch = self._write(batch, touched)
+                touched = set()
+                self._enforce_limits(subject)
+        if self.dedupe:
+            self._expire_dedupe(batch, now_ms)
+        self._write(batch, touched)
+        return results, wait_seq
+
+    @staticmethod
+    def _stored_form(entry: Draft) -> streams_pb2.PublishEntry:
+        """The entry without the fields that are not stored (expectations, stream)."""
+        stripped = streams_pb2.PublishEntry(subject=entry.subject, payload=entry.payload,
+                                            headers=entry.headers, msg_id=entry.msg_id)
+        return stripped
+
+    async def commit(self, wait_seq: int) -> None:
+        """Waits until `wait_seq` is committed: durable here and, when replicated, on a
+        majority of the stream's replicas. NO_QUORUM after commit_wait_s_max; NOT_PRIMARY
+        when this node is deposed meanwhile."""
+        if wait_seq <= self._commit_seq:
+            return
+        primacy = self.primacy
+        target = self.record.last_seq
+        if self.replicator is not None:
+            self.replicator.kick()
+        await self._committer.durable()
+        self.durable_seq = max(self.durable_seq, target)
+        self._check_primacy(primacy)
+        if self.replicator is None:
+            self._advance_commit(target)
+            return
+        self.replicator.on_local_durable()
+        deadline = asyncio.get_running_loop().time() + commit_wait_s_max
+        while self._commit_seq < wait_seq:
+            self._check_primacy(primacy)
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or self.closed:
+                raise RaftlogError(Reason.NO_QUORUM, f"seq {wait_seq} of {self.name!r} is not "
+                                   "on a majority of its replicas yet; retry with the same "
+                                   "msg_id", stream=self.name, seq=wait_seq)
+            await self.wait_for_commit(above_seq=self._commit_seq,
+                                       timeout_s=min(remaining, commit_check_s))
+            if self._commit_seq < wait_seq and self.replicator is not None:
+                self.replicator.check_writable()  # cut off meanwhile: NO_QUORUM at once
+
+    async def publish(self, drafts: Sequence[Draft]) -> list[Appended | RaftlogError]:
+        results, wait_seq = self.publish_staged(drafts)
+        await self.commit(wait_seq)
+        return results
+
+    async def publish_internal(
+        self, *, subject: str, payload: bytes, headers: tuple[tuple[str, str], ...]
+    ) -> int:
+        (result,) = await self.publish([draft(subject, payload, headers=headers)])
+        if isinstance(result, RaftlogError):
+            raise result
+        return result.seq
