@@ -232,6 +232,14 @@ class LocalCluster:
             cluster_pb2.GetClusterStatusRequest(), timeout=timeout_s
         )
 
+    def raft_terms(self, *, timeout_s: float = 5.0) -> list[int]:
+        """The Raft term each running node that answers reports (its rise counts elections)."""
+        terms = []
+        for i in sorted(self.running):
+            with contextlib.suppress(grpc.RpcError):
+                terms.append(int(self.status(i, timeout_s=timeout_s).raft_term))
+        return terms
+
     def leader_id(self, *, among: Iterable[int] | None = None) -> str | None:
         """The Raft leader as the first running node that knows one sees it, or None."""
         for i in sorted(self.running if among is None else among):

@@ -43,6 +43,7 @@ from typing import Any
 import bench_failover  # scripts/ is sys.path[0]
 import grpc
 
+from raftlog.chaos import procstat
 from raftlog.node.cli import format as fmt
 from raftlog.node.cli import loadgen, localcluster
 from raftlog.node.cli.client import Client, describe_failure
@@ -147,13 +148,7 @@ class BenchNode:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the node so far (from /proc)."""
-        if self.proc is None:
-            return 0.0
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0 if self.proc is None else procstat.cpu_s(self.proc.pid)
 
     def stop(self) -> int | None:
         if self.proc is None:
@@ -203,14 +198,7 @@ class BenchCluster:
         return self
 
     def cpu_s(self) -> float:
-        total = 0.0
-        for node in self.started:
-            try:
-                stat = Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+        return sum(procstat.cpu_s(node.pid) for node in self.started)
 
     def stop(self) -> int | None:
         localcluster.down(self.data_dir, timeout_s=node_stop_timeout_s)

@@ -97,16 +97,6 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def _terms(cluster: LocalCluster) -> list[int]:
-    terms = []
-    for i in sorted(cluster.running):
-        try:
-            terms.append(int(cluster.status(i, timeout_s=call_timeout_s).raft_term))
-        except grpc.RpcError:
-            continue
-    return terms
-
-
 def _epochs(cluster: LocalCluster, names: list[str]) -> dict[str, int]:
     epochs = {}
     for name in names:
@@ -148,21 +138,21 @@ def observe_idle(workdir: Path, plan: Plan, hogs: int) -> dict[str, Any]:
         cluster.start_all(timeout_s=cluster_ready_timeout_s)
         names = [f"busy-{k}" for k in range(plan.streams)]
         _create(cluster, names)
-        first_terms = _terms(cluster)
+        first_terms = cluster.raft_terms(timeout_s=call_timeout_s)
         first_epochs = _epochs(cluster, names)
         term0 = max(first_terms)
         started = time.monotonic()
         samples: list[dict[str, Any]] = []
         while time.monotonic() - started < plan.duration_s:
             time.sleep(sample_period_s)
-            terms = _terms(cluster)
+            terms = cluster.raft_terms(timeout_s=call_timeout_s)
             samples.append({"t_s": round(time.monotonic() - started, 1),
                             "term_max": max(terms, default=0), "load1": _load()})
             if len(samples) % 30 == 0:
                 _log(f"{hogs} hogs: {samples[-1]['t_s']:.0f} s, Raft term {term0} -> "
                      f"{samples[-1]['term_max']}, load {samples[-1]['load1']:.1f}")
         last_epochs = _epochs(cluster, names)
-        term1 = max(_terms(cluster), default=term0)
+        term1 = max(cluster.raft_terms(timeout_s=call_timeout_s), default=term0)
         failovers = sum(last_epochs.get(n, 0) - first_epochs.get(n, 0) for n in names)
         return {"streams": len(names), "duration_s": plan.duration_s,
                 "elections": term1 - term0, "raft_term_first": term0, "raft_term_last": term1,

@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from raftlog.chaos import procstat
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.v1 import (
     cluster_pb2,
@@ -57,24 +58,6 @@ attempts_max = 50  # one create or publish, retried on UNAVAILABLE
 
 def _log(text: str) -> None:
     print(f"[bench-streams] {text}", file=sys.stderr, flush=True)
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 class Nodes:
@@ -137,15 +120,15 @@ async def create_all(cluster: LocalCluster, count: int, concurrency: int
     started = time.monotonic()
     block_started = [started]
     pids = {i: cluster.node(i).pid for i in nodes.indexes}
-    cpu0 = {i: _proc_cpu_s(pid) for i, pid in pids.items()}
+    cpu0 = {i: procstat.cpu_s(pid) for i, pid in pids.items()}
 
     def on_done(done: int) -> None:
         if done % block == 0 or done == count:
             now = time.monotonic()
-            cpu = {i: _proc_cpu_s(pid) for i, pid in pids.items()}
+            cpu = {i: procstat.cpu_s(pid) for i, pid in pids.items()}
             blocks.append({"up_to": done, "seconds": round(now - block_started[0], 2),
                            "cpu_s": round(sum(cpu[i] - cpu0[i] for i in cpu), 1),
-                           "rss_mib": round(sum(_proc_rss_mib(p) for p in pids.values()), 0)})
+                           "rss_mib": round(sum(procstat.rss_mib(p) for p in pids.values()), 0)})
             cpu0.update(cpu)
             _log(f"created {done} streams; last block {blocks[-1]}")
             block_started[0] = now
@@ -208,22 +191,12 @@ async def routes(cluster: LocalCluster, names: list[str], concurrency: int
     return found
 
 
-def _term(cluster: LocalCluster) -> int:
-    terms = []
-    for i in sorted(cluster.running):
-        try:
-            terms.append(int(cluster.status(i, timeout_s=5).raft_term))
-        except grpc.RpcError:
-            continue
-    return max(terms, default=0)
-
-
 def idle(cluster: LocalCluster, seconds: float, streams: int) -> dict[str, Any]:
     pids = {cluster.node(i).node_id: cluster.node(i).pid for i in sorted(cluster.running)}
-    cpu0 = {n: _proc_cpu_s(p) for n, p in pids.items()}
+    cpu0 = {n: procstat.cpu_s(p) for n, p in pids.items()}
     time.sleep(seconds)
-    cpu = {n: round((_proc_cpu_s(p) - cpu0[n]) / seconds, 3) for n, p in pids.items()}
-    rss = {n: round(_proc_rss_mib(p), 1) for n, p in pids.items()}
+    cpu = {n: round((procstat.cpu_s(p) - cpu0[n]) / seconds, 3) for n, p in pids.items()}
+    rss = {n: round(procstat.rss_mib(p), 1) for n, p in pids.items()}
     return {"seconds": seconds, "cpu_cores": cpu, "rss_mib": rss,
             "cpu_core_per_1000_streams": round(sum(cpu.values()) / 3 / streams * 1000, 4),
             "rss_kib_per_stream_copy": round(sum(rss.values()) * 1024 / (3 * streams), 1)}
@@ -279,7 +252,7 @@ def run_in(workdir: Path, streams: int, concurrency: int, idle_s: float) -> dict
     cluster = LocalCluster(workdir / "cluster", nodes=3)
     try:
         cluster.start_all(timeout_s=ready_timeout_s)
-        term0 = _term(cluster)
+        term0 = max(cluster.raft_terms(), default=0)
         started = time.monotonic()
         blocks = asyncio.run(create_all(cluster, streams, concurrency))
         created_s = time.monotonic() - started
@@ -291,7 +264,7 @@ def run_in(workdir: Path, streams: int, concurrency: int, idle_s: float) -> dict
         _log(f"idle: {document['idle']}")
         acked, failures = asyncio.run(publish_all(cluster, names, concurrency))
         epochs1 = asyncio.run(routes(cluster, names, concurrency))
-        term1 = _term(cluster)
+        term1 = max(cluster.raft_terms(), default=0)
         document["writable"] = {"acked": acked, "of": streams, "failures": failures[:10]}
         document["stable"] = {
             "elections": term1 - term0,
