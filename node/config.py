@@ -22,8 +22,9 @@ class NodeConfig:
     # The cluster credential; required in cluster mode (node/transport/credentials.py).
     cluster_secret: str = ""
     log_level: str = "INFO"
-    # A replica on a member silent for longer than this is re-created on another member.
-    replace_dead_after_s: float = 30.0
+    # A replica on a member silent for longer than this is re-created on another member
+    # (None: limits.replace_dead_after_s_default).
+    replace_dead_after_s: float | None = None
 
     @property
     def name(self) -> str:

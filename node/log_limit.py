@@ -37,16 +37,17 @@ class _Window:
 
 class RepeatLimitFilter(logging.Filter):
     def __init__(self, *, sink: Callable[[logging.LogRecord], object],
-                 records_max: int = limits.log_repeats_max,
-                 window_s: float = limits.log_repeat_window_s,
-                 templates_max: int = limits.log_templates_max,
+                 records_max: int | None = None,
+                 window_s: float | None = None,
+                 templates_max: int | None = None,
                  clock: Clock | None = None) -> None:
-        """`sink` writes a summary record (the handler's `handle`)."""
+        """`sink` writes a summary record (the handler's `handle`); the bounds default to
+        limits.log_repeats_max, log_repeat_window_s and log_templates_max."""
         super().__init__()
         self._sink = sink
-        self._records_max = records_max
-        self._window_s = window_s
-        self._templates_max = templates_max
+        self._records_max = limits.log_repeats_max if records_max is None else records_max
+        self._window_s: float = limits.log_repeat_window_s if window_s is None else window_s
+        self._templates_max = limits.log_templates_max if templates_max is None else templates_max
         self._clock = clock or SystemClock()
         self._lock = threading.Lock()
         # Open windows, oldest first: a window is only ever added at the end.

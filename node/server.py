@@ -24,7 +24,6 @@ from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.internal import replication_pb2_grpc
 from raftlog.node import log_limit
 from raftlog.node.api.cluster import ClusterService
-from raftlog.node.api.clustered import ClusterConsumersService, ClusterStreamsService
 from raftlog.node.api.consumers import ConsumersService
 from raftlog.node.api.streams import StreamsService
 from raftlog.node.cluster.coordinator import ClusterNode
@@ -36,15 +35,18 @@ from raftlog.node.consumers.manager import ConsumerManager
 from raftlog.node.consumers.raft_store import RaftConsumerStore
 from raftlog.node.consumers.rocks_store import RocksConsumerStore
 from raftlog.node.consumers.store import ConsumerStore
+from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import CF_RAFT_LOG, CF_RAFT_META, GroupCommitter, Storage
 from raftlog.node.engine.streams import StreamEngine
+from raftlog.node.ops import operations
 from raftlog.node.replication.links import GrpcLinkTransport
 from raftlog.node.replication.primary import ReplicationManager
 from raftlog.node.replication.service import ReplicationService
+from raftlog.node.transport.channels import STREAM_RELAY_OPTIONS, ChannelPool
 from raftlog.node.transport.credentials import Credential
-from raftlog.node.transport.forwarding import STREAM_RELAY_OPTIONS, ChannelPool, RoutingInterceptor
+from raftlog.node.transport.forwarding import Forwarder
 from raftlog.node.transport.malformed import MalformedRequestInterceptor
-from raftlog.node.transport.peer import PEER_SERVER_OPTIONS, PeerAuthInterceptor, PeerClient
+from raftlog.node.transport.peer import PeerAuthInterceptor, PeerClient, peer_server_options
 from raftlog.node.transport.subscriptions import SubscriptionLimitInterceptor
 from raftlog.raft.group import RaftGroup
 from raftlog.v1 import (
@@ -59,7 +61,6 @@ from raftlog.v1 import (
 log = logging.getLogger(__name__)
 
 FREEZE_ENV = "RAFTLOG_DEBUG_FREEZE_S"
-switch_interval_s = 0.0002  # GIL hand-off; threads back from an fsync wait at most this (DESIGN §3)
 SERVICE_NAMES = (
     streams_pb2.DESCRIPTOR.services_by_name["Streams"].full_name,
     consumers_pb2.DESCRIPTOR.services_by_name["Consumers"].full_name,
@@ -99,7 +100,7 @@ class Node:
             store = RocksConsumerStore(storage=self.storage, committer=self.committer,
                                        stream_id=lambda name: self.engine.get(name).stream_id)
         self.consumers = ConsumerManager(store=store, clock=self.clock)
-        self.engine = StreamEngine(storage=self.storage, committer=self.committer,
+        self.engine = StreamEngine(store=RocksMessageStore(self.storage, self.committer),
                                    clock=self.clock, consumers=self.consumers,
                                    follow_raft=bool(config.raft_address))
         if self.group is not None:
@@ -163,25 +164,30 @@ class Node:
         return self.credential, self.peers
 
     def _services(self, server: grpc.aio.Server) -> tuple[str, ...]:
+        """Every front-end on the client port, each over the same operations."""
+        ops: operations.Operations
         if self.cluster is None:
-            streams: StreamsService = StreamsService(self.engine)
-            consumers: ConsumersService = ConsumersService(self.consumers)
+            ops = operations.standalone(self.engine, self.consumers)
         else:
-            streams = ClusterStreamsService(self.engine, self.cluster, self.pool)
-            consumers = ClusterConsumersService(self.consumers, self.cluster)
+            credential, peers = self._peer_access()
+            forwarder = Forwarder(self.pool, self.cluster, stream_pool=self.stream_relay_pool)
+            cluster_ops = operations.clustered(
+                engine=self.engine, manager=self.consumers, cluster=self.cluster,
+                forwarder=forwarder, placement=self.placement, peers=peers)
             cluster_pb2_grpc.add_ClusterServicer_to_server(
-                ClusterService(self.cluster, self.pool, self.placement, *self._peer_access()),
-                server)
-        streams_pb2_grpc.add_StreamsServicer_to_server(streams, server)
-        consumers_pb2_grpc.add_ConsumersServicer_to_server(consumers, server)
+                ClusterService(cluster_ops, credential), server)
+            ops = cluster_ops
+        streams_pb2_grpc.add_StreamsServicer_to_server(StreamsService(ops.streams), server)
+        consumers_pb2_grpc.add_ConsumersServicer_to_server(ConsumersService(ops.consumers),
+                                                           server)
         return SERVICE_NAMES if self.cluster is None else (*SERVICE_NAMES, CLUSTER_SERVICE_NAME)
 
     async def start(self) -> None:
         self.committer.start(asyncio.get_running_loop())
         self.engine.load()
         self.engine.start()
-        # The malformed-request guard first (outermost), then the subscription slots, so that a
-        # relayed Subscribe holds a slot here too.
+        # The malformed-request guard first (outermost), then the subscription slots (a
+        # relayed Subscribe holds a slot here too).
         interceptors: list[grpc.aio.ServerInterceptor] = [
             MalformedRequestInterceptor(), SubscriptionLimitInterceptor()]
         if self.cluster is not None:
@@ -192,8 +198,6 @@ class Node:
             self.liveness.start()
             self.failover.start()
             self.placement.start()
-            interceptors.append(RoutingInterceptor(self.cluster, self.pool,
-                                                   stream_pool=self.stream_relay_pool))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
             ("grpc.max_send_message_length", limits.request_bytes_max),
@@ -226,7 +230,7 @@ class Node:
             ("grpc.max_receive_message_length", limits.request_bytes_max),
             ("grpc.max_send_message_length", limits.request_bytes_max),
             ("grpc.so_reuseport", 0),
-            *PEER_SERVER_OPTIONS,
+            *peer_server_options(),
         ])
         replication_pb2_grpc.add_ReplicationServicer_to_server(ReplicationService(
             node_id=cluster.node_id, engine=self.engine, committer=self.committer,
@@ -300,7 +304,7 @@ def run(config: NodeConfig) -> int:
         stream=sys.stderr,
     )
     log_limit.install()  # repeated lines (same logger and template) are rate limited
-    sys.setswitchinterval(switch_interval_s)
+    sys.setswitchinterval(limits.gil_switch_interval_s)  # DESIGN §3
     try:
         asyncio.run(serve(config))
     except RaftlogError as err:  # a configuration the node cannot start with

@@ -10,7 +10,11 @@ and authority overrides, consumer progress — replicated with Raft.
 - `state_snapshot` the snapshot codec: `to_snapshot`, `encode_snapshot`, `from_snapshot`.
 - `commands` keyword-only builders of the commands (`raft.proto`).
 - `api`      what node code sees: the `MetaGroup` protocol, events, status, `ensure_ok`.
-- `group`    `RaftGroup`, over pysyncobj (the only module that imports it).
+- `group`    `RaftGroup`, over pysyncobj. Only the group's modules import pysyncobj:
+  - `syncobj_glue`   the patches, configuration and subclasses of pysyncobj;
+  - `completions`    pysyncobj callbacks to asyncio futures, failure reasons to errors;
+  - `election_guard` pre-vote, leader stickiness, stuck-loop step-down (`ElectionGuard` mixin);
+  - `snapshot_io`    pysyncobj's snapshot hooks (`SnapshotIO` mixin).
 - `journal`  the Raft journal on RocksDB (pysyncobj's Journal interface, durable).
 - `wire`     restricted pickle: no frame or log entry can run code.
 - `memory`   `MemoryRaftGroup`, the in-memory twin for tests of node code.

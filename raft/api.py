@@ -30,15 +30,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2
 from raftlog.raft.state_model import MetaState
 
 log = logging.getLogger(__name__)
-
-# A command must stay well under pysyncobj's 64 KiB append_entries batch (larger entries are
-# sent in chunks that followers mishandle, DEPENDENCIES.md §1.11). Coalescers split below it.
-command_bytes_max = 48 * 1024
 
 OUTCOME_NOT_COMMITTED = "not_committed"
 OUTCOME_UNKNOWN = "unknown"
@@ -134,10 +131,13 @@ def ensure_ok(result: raft_pb2.RaftResult) -> raft_pb2.RaftResult:
 
 def encode_command(command: raft_pb2.RaftCommand) -> bytes:
     data = command.SerializeToString()
-    if len(data) > command_bytes_max:
+    # Well under pysyncobj's 64 KiB append_entries batch (DEPENDENCIES.md §1.11); coalescers
+    # split below it.
+    bytes_max = limits.metadata_command_bytes_max
+    if len(data) > bytes_max:
         raise RaftlogError(Reason.REQUEST_TOO_LARGE,
-                           f"a metadata command is at most {command_bytes_max} bytes",
-                           size=len(data), limit=command_bytes_max)
+                           f"a metadata command is at most {bytes_max} bytes",
+                           size=len(data), limit=bytes_max)
     return data
 
 

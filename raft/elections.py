@@ -1,6 +1,6 @@
 """Election rules raftlog adds around pysyncobj (which has no pre-vote and no leader
 stickiness), kept pure: time comes in as arguments, nothing here touches pysyncobj. The plumbing
-that applies them (message interception, the election deadline) is in raft/group.py.
+that applies them (message interception, the election deadline) is in raft/election_guard.py.
 
 - **Pre-vote** (Raft thesis 9.6): a follower whose election timer runs out first asks the others
   whether they would vote for it; only with a majority of "yes" (itself included) does it raise
@@ -10,9 +10,10 @@ that applies them (message interception, the election deadline) is in raft/group
   election timeout, or a leader that hears from a majority, refuses pre-votes and ignores vote
   requests, except those of a leadership transfer.
 - **Adaptive timeouts**: timeouts are derived from the scheduling delay measured on the tick
-  thread (the gap between consecutive ticks, worst in the last `delay_window_s`): at least
-  `delay_factor` times it, never below the configured values, never above the caps. On an idle
-  machine nothing changes; on a starved one elections wait instead of firing.
+  thread (the gap between consecutive ticks, worst in the last `election_delay_window_s`): at
+  least `election_delay_factor` times it, never below the configured values, never above
+  `adaptive_*_timeout_s_max` (all in base/limits.py). On an idle machine nothing changes; on a
+  starved one elections wait instead of firing.
 - **A stuck node does not lead**: when the node's serving loop is stuck (node/cluster/liveness.py) a
   leader steps down and a follower does not stand for election.
 """
@@ -22,12 +23,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-delay_factor = 4.0  # timeouts >= this x the worst recent tick gap
-delay_window_s = 30.0
-election_timeout_max_s_cap = 3.0
-leader_fallback_timeout_s_cap = 3.0
-prevote_retry_s = 0.05  # a follower whose timer ran out asks again this often
-prevote_grant_s = 0.1  # a granted pre-vote lets the election start within this
+from raftlog.base import limits
 
 
 @dataclass(frozen=True)
@@ -62,7 +58,7 @@ class PreVote:
         self.term, self.started_s, self.grants = term, now_s, set()
 
     def due(self, now_s: float) -> bool:
-        return now_s - self.started_s >= prevote_retry_s
+        return now_s - self.started_s >= limits.prevote_retry_s
 
     def grant(self, *, voter: str, term: int, members: int, now_s: float) -> bool:
         """Counts a "yes"; True when it makes a majority (this node counts itself)."""
@@ -70,7 +66,7 @@ class PreVote:
             return False
         self.grants.add(voter)
         if len(self.grants) + 1 > members / 2:
-            self.granted_until_s = now_s + prevote_grant_s
+            self.granted_until_s = now_s + limits.prevote_grant_s
             return True
         return False
 
@@ -94,7 +90,7 @@ class AdaptiveTimeouts:
             while self._gaps and self._gaps[-1][1] <= gap:
                 self._gaps.pop()
             self._gaps.append((now_s, gap))
-            while self._gaps[0][0] < now_s - delay_window_s:
+            while self._gaps[0][0] < now_s - limits.election_delay_window_s:
                 self._gaps.popleft()
         self._last_tick_s = now_s
         self.current = self.for_delay(self._gaps[0][1] if self._gaps else 0.0)
@@ -102,11 +98,12 @@ class AdaptiveTimeouts:
 
     def for_delay(self, delay_s: float) -> Timeouts:
         base = self.base
-        floor = delay_factor * delay_s
-        election_min = min(max(base.election_min_s, floor), election_timeout_max_s_cap)
+        floor = limits.election_delay_factor * delay_s
+        cap = limits.adaptive_election_timeout_s_max
+        election_min = min(max(base.election_min_s, floor), cap)
         spread = base.election_max_s - base.election_min_s
         return Timeouts(
             election_min_s=election_min,
-            election_max_s=min(election_min + spread, election_timeout_max_s_cap + spread),
+            election_max_s=min(election_min + spread, cap + spread),
             leader_fallback_s=min(max(base.leader_fallback_s, floor),
-                                  leader_fallback_timeout_s_cap))
+                                  limits.adaptive_leader_fallback_timeout_s_max))

@@ -35,6 +35,7 @@ from typing import Any, overload
 
 from rocksdict import Rdict, WriteBatch
 
+from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation
 
 Entry = tuple[bytes, int, int]  # (command, raft index, term), pysyncobj's entry shape
@@ -45,9 +46,6 @@ _META_TERM = b"current_term"
 _META_VOTE = b"voted_for"
 _META_COMMIT = b"commit_index"
 NO_OP_COMMAND = b"\x01"  # pysyncobj's _COMMAND_TYPE.NO_OP entry
-
-# Truncated entries remembered to tell identical re-adds from conflicting ones.
-truncated_memory_entries_max = 100_000
 
 
 def _key(index: int) -> bytes:
@@ -140,9 +138,11 @@ class RocksJournal:
         del self._entries[entryFrom:]
         self.counters["truncations"] += 1
         self.counters["truncated_entries"] += len(removed)
-        if len(self._truncated) + len(removed) > truncated_memory_entries_max:
+        # Truncated entries are remembered to tell identical re-adds from conflicting ones.
+        remembered_max = limits.raft_truncated_memory_entries_max
+        if len(self._truncated) + len(removed) > remembered_max:
             self._truncated.clear()
-        for command, idx, term in removed[:truncated_memory_entries_max]:
+        for command, idx, term in removed[:remembered_max]:
             self._truncated[idx] = (term, command)
 
     def deleteEntriesTo(self, entryTo: int) -> None:

@@ -24,8 +24,9 @@ promotes_max = 1_000  # StreamPromote entries in one StreamPromotes
 # node's settings: two members with different values would apply one command differently, so a
 # change is a change of the replicated protocol (every member runs the new code first). The
 # node checks the same values earlier, with the names in base/limits.py (tests/unit/
-# test_raft_state.py holds the two equal).
-streams_max = 10_000  # streams in the cluster
+# test_raft_state.py holds the two equal). The one cap of the cluster as a whole has no such
+# twin: base/limits.py streams_per_node_max bounds the streams one node holds a copy of.
+cluster_streams_max = 10_000  # streams in the cluster
 replicas_max = 5  # replicas of one stream
 consumers_per_stream_max = 1_000
 acked_above_floor_max = 100_000  # acknowledged seqs above a consumer's ack floor

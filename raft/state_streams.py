@@ -11,8 +11,8 @@ from raftlog.raft.state_model import (
     MetaState,
     Override,
     StreamAssignment,
+    cluster_streams_max,
     promotes_max,
-    streams_max,
 )
 from raftlog.raft.state_rules import (
     Rejected,
@@ -34,8 +34,8 @@ def stream_create(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.R
     name = create.config.name
     check_name(name, what="stream")
     require(name not in state.streams, Reason.STREAM_EXISTS, f"stream {name!r} already exists")
-    require(len(state.streams) < streams_max, Reason.TOO_MANY_STREAMS,
-            f"the cluster holds at most {streams_max} streams")
+    require(len(state.streams) < cluster_streams_max, Reason.TOO_MANY_STREAMS,
+            f"the cluster holds at most {cluster_streams_max} streams")
     replicas = tuple(create.replicas)
     check_placement(state, replicas, create.primary)
     epoch = create.fence_epoch or 1

@@ -7,8 +7,8 @@ when the fast one fails. `RestrictedPickle` is a drop-in for that module (the fu
 callers use: `loads`, `dumps`, `load`, `dump`, `to_bytes`): it pickles with protocol 5 and
 unpickles with an allowlist of globals, so a frame can only ever produce dicts, lists, tuples,
 str, bytes, int, float, bool, None, and the few library classes named here. It never falls back.
-`raftlog.raft.group` installs one instance per pysyncobj module (this module imports nothing
-of pysyncobj).
+`raftlog.raft.syncobj_glue` installs one instance per pysyncobj module (this module imports
+nothing of pysyncobj).
 
 What goes where, read from the installed pysyncobj 0.3.17 sources:
 - Transport frames (`tcp_connection.py`): message dicts of str/int/bool/bytes and lists of

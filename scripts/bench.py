@@ -14,6 +14,7 @@ pub` (`pub,failover` with --failover, which also runs scripts/bench_failover.py)
 the ratio raftlog/JetStream for each comparable figure with its target. A table
 goes to stderr, ONE JSON document to stdout. Every phase is bounded in messages and in time; the
 peer has a hard time limit. Exit status 1 when a phase or the peer failed (the JSON says which).
+The peer run, the ratios and the table live in scripts/bench_report.py.
 
     scripts/bench                 full run, about 4 minutes with the peer
     scripts/bench --quick         small counts (about 30 s without the peer)
@@ -41,9 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import bench_failover  # scripts/ is sys.path[0]
+import bench_report
 import grpc
 
 from raftlog.chaos import procstat
+from raftlog.chaos import workload as wl
 from raftlog.node.cli import format as fmt
 from raftlog.node.cli import loadgen, localcluster
 from raftlog.node.cli.client import Client, describe_failure
@@ -59,8 +62,6 @@ warmup_msgs = 200
 settle_s = 0.5  # pause after os.sync() before each timed phase, as the JetStream peer does
 node_start_timeout_s = 30.0
 node_stop_timeout_s = 15.0
-peer_timeout_s = 1200.0
-peer_timeout_quick_s = 400.0
 consumer_max_ack_pending = 50_000  # room for the pipelined acks of a fetch loop
 
 
@@ -353,217 +354,8 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
     return results
 
 
-# ---------------------------------------------------------------------------------------------
-# The JetStream peer.
-
-
-def run_peer(*, quick: bool, replicas: int = 1, failover_trials: int = 0) -> dict[str, Any]:
-    """Runs the peer (its progress goes to our stderr); its JSON, or {"error": ...}."""
-    phases = "pub,failover" if failover_trials else "pub"
-    return bench_failover.run_peer_command(
-        ["--replicas", str(replicas), "--phases", phases,
-         *(["--failover-trials", str(failover_trials)] if failover_trials else [])],
-        quick=quick, timeout_s=peer_timeout_quick_s if quick else peer_timeout_s)
-
-
-def peer_figures(peer: dict[str, Any], *, replicas: int = 1) -> dict[str, Any]:
-    """The medians (at the run's replica count) the ratios use, plus the peer's own facts."""
-    r1 = peer.get("summary", {}).get(f"R{replicas}", {})
-
-    def median(phase: str, figure: str) -> float | None:
-        value = r1.get(phase, {}).get(figure, {}).get("median")
-        return float(value) if value is not None else None
-
-    return {
-        "sync_publish_msgs_per_s": median("sync_publish", "msgs_per_s"),
-        "sync_publish_p50_ms": median("sync_publish", "p50_ms"),
-        "sync_publish_p99_ms": median("sync_publish", "p99_ms"),
-        "publish_async_msgs_per_s": median("publish_async", "msgs_per_s"),
-        "gather_publish_msgs_per_s": median("gather_publish", "msgs_per_s"),
-        "pull_consume_msgs_per_s": median("pull_consume", "msgs_per_s"),
-        "pull_consume_batch": r1.get("pull_consume", {}).get("batch"),
-        "nats_server": peer.get("meta", {}).get("nats_server"),
-        "fsync_per_ack": peer.get("meta", {}).get("cluster", {}).get("fsync_per_ack"),
-        "checks": peer.get("checks"),
-        "duration_s": peer.get("meta", {}).get("duration_s"),
-    }
-
-
-# (name, raftlog figure path, JetStream figure, target op, target value); "<=" means lower is
-# better (latency), ">=" higher (throughput); None = shown without a target.
-COMPARISONS: tuple[tuple[str, tuple[str, ...], str, str | None, float | None], ...] = (
-    (
-        "batch_100_vs_publish_async",
-        ("batch_publish", "batch_100", "msgs_per_s"),
-        "publish_async_msgs_per_s",
-        ">=",
-        2.0,
-    ),
-    (
-        "batch_1000_vs_publish_async",
-        ("batch_publish", "batch_1000", "msgs_per_s"),
-        "publish_async_msgs_per_s",
-        ">=",
-        2.0,
-    ),
-    (
-        "stream_publish_vs_publish_async",
-        ("stream_publish", "msgs_per_s"),
-        "publish_async_msgs_per_s",
-        None,
-        None,
-    ),
-    (
-        "fetch_ack_100_vs_pull_consume",
-        ("fetch_ack", "batch_100", "msgs_per_s"),
-        "pull_consume_msgs_per_s",
-        ">=",
-        1.0,
-    ),
-    (
-        "fetch_ack_1000_vs_pull_consume",
-        ("fetch_ack", "batch_1000", "msgs_per_s"),
-        "pull_consume_msgs_per_s",
-        ">=",
-        1.0,
-    ),
-    (
-        "unary_p50_vs_sync_publish_p50",
-        ("unary_publish", "callers_1", "p50_ms"),
-        "sync_publish_p50_ms",
-        "<=",
-        3.0,
-    ),
-    (
-        "unary_p99_vs_sync_publish_p99",
-        ("unary_publish", "callers_1", "p99_ms"),
-        "sync_publish_p99_ms",
-        None,
-        None,
-    ),
-    (
-        "unary_1_msgs_per_s_vs_sync_publish",
-        ("unary_publish", "callers_1", "msgs_per_s"),
-        "sync_publish_msgs_per_s",
-        None,
-        None,
-    ),
-)
-
-
-def ratios(raftlog: dict[str, Any], js: dict[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, path, js_key, op, target in COMPARISONS:
-        ours: Any = raftlog
-        for key in path:
-            ours = ours.get(key, {}) if isinstance(ours, dict) else None
-        theirs = js.get(js_key) if js else None
-        ratio = ours / theirs if isinstance(ours, int | float) and theirs else None
-        met = None
-        if ratio is not None and op is not None and target is not None:
-            met = ratio >= target if op == ">=" else ratio <= target
-        out[name] = {
-            "raftlog": ours if isinstance(ours, int | float) else None,
-            "jetstream": theirs,
-            "ratio": None if ratio is None else round(ratio, 3),
-            "target": None if op is None else f"{op} {target:g}",
-            "met": met,
-        }
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Report.
-
-
-def table(document: dict[str, Any]) -> str:
-    rl = document["raftlog"]
-    rows: list[tuple[str, str, str]] = []
-
-    def phase(label: str, figures: dict[str, Any], *, latency: bool) -> None:
-        text = f"{figures['msgs_per_s']:,.0f} msgs/s"
-        if latency:
-            text += f", p50 {figures['p50_ms']:.3f} / p99 {figures['p99_ms']:.3f} ms"
-        cpu = f"{figures.get('server_cpu_pct', 0):.0f}% / {figures.get('client_cpu_pct', 0):.0f}%"
-        rows.append((label, text, cpu if figures["error"] is None else figures["error"]))
-
-    phase("unary publish, 1 caller", rl["unary_publish"]["callers_1"], latency=True)
-    phase("unary publish, 8 callers", rl["unary_publish"]["callers_8"], latency=True)
-    phase("batch publish, 100/call", rl["batch_publish"]["batch_100"], latency=False)
-    phase("batch publish, 1000/call", rl["batch_publish"]["batch_1000"], latency=False)
-    phase("client-streaming publish", rl["stream_publish"], latency=False)
-    phase("fetch(100) + ack", rl["fetch_ack"]["batch_100"], latency=False)
-    phase("fetch(1000) + ack", rl["fetch_ack"]["batch_1000"], latency=False)
-    parts = [
-        f"raftlog {_setup(document)}, {payload_bytes} B messages, fsync before ack",
-        fmt.render_table(("phase", "raftlog", "node / client CPU"), rows),
-    ]
-    if document["jetstream"] is not None:
-        comparison_rows = [
-            (
-                name,
-                _number(item["raftlog"]),
-                _number(item["jetstream"]),
-                "-" if item["ratio"] is None else f"{item['ratio']:.2f}x",
-                item["target"] or "-",
-                {True: "yes", False: "NO", None: "-"}[item["met"]],
-            )
-            for name, item in document["ratios"].items()
-        ]
-        parts.append(
-            f"raftlog / JetStream R{document['meta']['replicas']} (publish_async window 64, "
-            "pull fetch(100)+ack, "
-            "sync_publish; JetStream does not fsync per ack)"
-        )
-        parts.append(
-            fmt.render_table(
-                ("figure", "raftlog", "JetStream", "ratio", "target", "met"),
-                comparison_rows,
-                right_align=(1, 2, 3),
-            )
-        )
-    return "\n\n".join(parts)
-
-
-def _setup(document: dict[str, Any]) -> str:
-    replicas = document["meta"]["replicas"]
-    return "single node (R1)" if replicas == 1 else f"{replicas}-node cluster (R{replicas})"
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3f}"
-
-
 def _log(text: str) -> None:
     print(f"[bench] {text}", file=sys.stderr, flush=True)
-
-
-def _host() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "os": platform.system(),
-        "kernel": platform.release(),
-        "cpu_model": cpu_model,
-        "nproc": os.cpu_count(),
-    }
-
-
-def _phase_errors(raftlog: dict[str, Any]) -> list[str]:
-    errors = []
-    for group in ("unary_publish", "batch_publish", "fetch_ack"):
-        errors += [f"{group}.{k}: {v['error']}" for k, v in raftlog[group].items() if v["error"]]
-    if raftlog["stream_publish"]["error"]:
-        errors.append(f"stream_publish: {raftlog['stream_publish']['error']}")
-    return errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -608,13 +400,14 @@ def main(argv: list[str] | None = None) -> int:
             status = node.stop()
             _log(f"node stopped (exit status {status})")
     fo_plan = bench_failover.QUICK if args.quick else bench_failover.FULL
-    failover = (bench_failover.run_trials(fo_plan, seed=bench_failover.wl.seed_from_env(),
+    failover = (bench_failover.run_trials(fo_plan, seed=wl.seed_from_env(),
                                           quick=args.quick) if args.failover else None)
-    peer = None if args.no_peer else run_peer(
+    peer = None if args.no_peer else bench_report.run_peer(
         quick=args.quick, replicas=args.replicas,
         failover_trials=fo_plan.trials if args.failover else 0)
-    js = None if peer is None or "error" in peer else peer_figures(peer, replicas=args.replicas)
-    document = {
+    js = (None if peer is None or "error" in peer
+          else bench_report.peer_figures(peer, replicas=args.replicas))
+    document: dict[str, Any] = {
         "schema": SCHEMA,
         "meta": {
             "payload_bytes": payload_bytes,
@@ -624,20 +417,20 @@ def main(argv: list[str] | None = None) -> int:
             "fsync_before_ack": True,
             "python": platform.python_version(),
             "grpcio": grpc.__version__,
-            "host": _host(),
+            "host": bench_report.host(),
             "duration_s": round(time.monotonic() - started, 1),
         },
         "raftlog": raftlog,
         "jetstream": js,
         "jetstream_error": None if peer is None else peer.get("error"),
-        "ratios": ratios(raftlog, js),
+        "ratios": bench_report.ratios(raftlog, js),
         "failover": None if failover is None else bench_failover.with_peer(failover, peer),
     }
-    print(table(document), file=sys.stderr)
+    print(bench_report.table(document), file=sys.stderr)
     if document["failover"]:
         print(bench_failover.table(document["failover"]), file=sys.stderr)
     print(json.dumps(document, indent=2))
-    failures = _phase_errors(raftlog) + (
+    failures = bench_report.phase_errors(raftlog) + (
         [document["jetstream_error"]] if document["jetstream_error"] else []
     )
     if document["failover"] and bench_failover.failed(document["failover"]):

@@ -1,8 +1,9 @@
-"""raftlog.node.api: the raftlog.v1 gRPC front-ends (Streams, Consumers, Cluster). Thin: they
-translate requests and call the layers below.
+"""raftlog.node.api: the gRPC front-ends on the client port. Thin: each call becomes a
+canonical request handed to `raftlog.node.ops`, whose answer (or RaftlogError, as status +
+ErrorInfo through `transport.rpc`) goes back. The seed protocols' front-ends sit beside these.
+Imports only `ops` and `transport` of raftlog.node, and raftlog.base and the protos.
 
-- `streams`, `consumers` the services over one node's engine.
-- `clustered`            the same services in a cluster (metadata through Raft first).
-- `cluster`              the admin Cluster service.
-- `batches`              reading a PublishBatchResponse in either of its forms.
+- `streams`   raftlog.v1 Streams.
+- `consumers` raftlog.v1 Consumers.
+- `cluster`   raftlog.v1 Cluster, the admin service (membership needs the cluster credential).
 """

@@ -3,11 +3,17 @@ consumers, replication or cluster packages.
 
 - `main`        the entry point and the `raftlog node` command.
 - `base`        options, exit codes and output every command shares.
-- `streams`, `consumers`, `cluster`  the command groups.
+- `streams`, `publish`, `consumers`  the `stream`, `pub` and `consumer|fetch|sub|health` commands.
+- `cluster`     adds the `cluster` command, whose subcommands live in `cluster_local` (up,
+                secret, down), `cluster_members` (status, join, leave), `cluster_views`
+                (overrides, stats, watch, stream route) and `cluster_placement` (stream
+                migrate|pin|unpin, rebalance, clear-authority), sharing `cluster_base`.
 - `format`      parsing and rendering (pure).
 - `client`      a small asyncio client of one node.
 - `loadgen`     load generators for `raftlog pub --count` and the benchmarks.
-- `localcluster` N node processes on loopback.
+- `localcluster` N node processes on loopback: the lifecycle (up, status, down), with
+                `localcluster_layout` (directory, ports, command lines), `localcluster_procs`
+                (pid files, /proc checks, stopping) and `localcluster_wait` (health, readiness).
 """
 
 from raftlog.node.cli.main import main

@@ -15,8 +15,9 @@ and placement.
 Every command that talks to a node takes `--server HOST:PORT` (default: $RAFTLOG_SERVER or
 127.0.0.1:7400), `--timeout` and `--json` (one JSON document on stdout, proto field names).
 Exit status: 0 done, 1 the node refused or failed the request (`error: REASON: message` on
-stderr), 2 bad usage, 130 interrupted. Shared option handling lives in `cli_base`, the commands in
-`cli_streams` and `cli_consumers`, parsing and rendering in `cli_format`.
+stderr), 2 bad usage, 130 interrupted. Shared option handling lives in `base`, the commands in
+`streams`, `publish`, `consumers` and `cluster` (and the modules it names), parsing and rendering
+in `format`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from raftlog.base import limits
+from raftlog.node.cli import format as fmt
 from raftlog.node.cli.base import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -155,13 +158,15 @@ def _add_node(commands: Any) -> None:
         type=typed(address_list),
         help="Raft addresses of the other members, comma-separated",
     )
+    replace_dead_after = os.environ.get("RAFTLOG_REPLACE_DEAD_AFTER")
     node.add_argument(
         "--replace-dead-after",
-        default=seconds(os.environ.get("RAFTLOG_REPLACE_DEAD_AFTER", "30s")),
+        default=seconds(replace_dead_after) if replace_dead_after else None,
         metavar="DURATION",
         type=typed(seconds),
-        help="re-create a replica held by a member silent this long elsewhere "
-        "(default 30s, or $RAFTLOG_REPLACE_DEAD_AFTER)",
+        help="re-create a replica held by a member silent this long elsewhere (default "
+        f"{fmt.human_duration_ms(int(limits.replace_dead_after_s_default * 1000))}, "
+        "or $RAFTLOG_REPLACE_DEAD_AFTER)",
     )
     node.add_argument(
         "--peer",

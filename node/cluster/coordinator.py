@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Protocol
 
+from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.cluster.liveness import LivenessMonitor
 from raftlog.node.cluster.ring import Ring
-from raftlog.node.config import NodeConfig
 from raftlog.node.consumers.manager import ConsumerManager
 from raftlog.node.consumers.raft_store import RaftConsumerStore
 from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
@@ -34,16 +35,6 @@ from raftlog.v1 import cluster_pb2, types_pb2
 
 log = logging.getLogger(__name__)
 
-propose_timeout_s = 5.0  # metadata commands, when the caller set no shorter deadline
-register_retry_s = 0.2  # between attempts to register this node
-reconcile_queue_max = 100_000  # streams waiting to be reconciled
-watch_queue_max = 10_000  # events buffered per watcher; a slower watcher is dropped
-retry_after_ms = 250  # hint sent with NO_LEADER
-ready_poll_s = 0.05  # while waiting for the metadata to catch up after a start
-catch_up_attempt_s = 2.0  # one attempt to commit the start-up Barrier
-no_leader_wait_s = 0.5  # a metadata call waits this long for a leader, then NO_LEADER
-trouble_scan_period_s = 0.5  # how often the local copies are checked against the metadata
-trouble_grace_s = 0.5  # a trouble is reported once it has lasted this long
 
 _WATCH_TYPES = {
     "stream_create": cluster_pb2.WATCH_EVENT_TYPE_STREAM_CREATED,
@@ -96,11 +87,32 @@ def command_stream(command: raft_pb2.RaftCommand) -> str:
     return ""
 
 
+class NodeIdentity(Protocol):
+    """What the cluster reads of the node's configuration: its name and the addresses it
+    registers with (node/config.py's NodeConfig has them)."""
+
+    @property
+    def name(self) -> str:
+        """The node id in the member table and in assignments."""
+        ...
+
+    @property
+    def grpc_address(self) -> str: ...
+
+    @property
+    def raft_address(self) -> str: ...
+
+    @property
+    def peer_address(self) -> str: ...
+
+
 class ClusterNode:
-    def __init__(self, *, config: NodeConfig, group: MetaGroup, engine: StreamEngine,
+    def __init__(self, *, config: NodeIdentity, group: MetaGroup, engine: StreamEngine,
                  consumers: ConsumerManager, clock: Clock,
                  replication: ReplicationManager | None = None,
                  consumer_store: RaftConsumerStore | None = None) -> None:
+        """`config` names this node and the addresses it registers with (a NodeConfig, or
+        anything else with those attributes: `NodeIdentity`)."""
         self.config = config
         self.consumer_store = consumer_store
         self.replication = replication
@@ -111,7 +123,7 @@ class ClusterNode:
         self.clock = clock
         self._ring: Ring | None = None
         self._ring_members: tuple[str, ...] = ()
-        self._reconcile: asyncio.Queue[str | None] = asyncio.Queue(reconcile_queue_max)
+        self._reconcile: asyncio.Queue[str | None] = asyncio.Queue(limits.reconcile_queue_max)
         self._queued: set[str] = set()
         self._reconciling: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,13 +164,14 @@ class ClusterNode:
                       timeout_s: float | None = None) -> raft_pb2.RaftResult:
         """Commits a command; the rejection (or the failure to commit) as RaftlogError."""
         command.now_ms = command.now_ms or self.clock.wall_ms()
-        timeout = min(timeout_s or propose_timeout_s, propose_timeout_s)
-        await self._wait_for_leader(min(timeout, no_leader_wait_s))
+        timeout = min(timeout_s or limits.metadata_propose_timeout_s,
+                      limits.metadata_propose_timeout_s)
+        await self._wait_for_leader(min(timeout, limits.no_leader_wait_s))
         try:
             result = await self.group.propose(command, timeout_s=timeout)
         except RaftlogError as err:
             if err.reason in (Reason.NO_LEADER, Reason.TIMEOUT):
-                err.metadata.setdefault("retry_after_ms", str(retry_after_ms))
+                err.metadata.setdefault("retry_after_ms", str(limits.no_leader_retry_after_ms))
             raise
         return ensure_ok(result)
 
@@ -169,9 +182,10 @@ class ClusterNode:
         while self.group.leader_address() is None:
             if self.clock.monotonic_s() >= deadline:
                 raise RaftlogError(Reason.NO_LEADER, "the metadata group has no leader this "
-                                   "node can reach; retry", retry_after_ms=retry_after_ms,
+                                   "node can reach; retry",
+                                   retry_after_ms=limits.no_leader_retry_after_ms,
                                    outcome="not_committed")
-            await asyncio.sleep(ready_poll_s / 5)
+            await asyncio.sleep(limits.metadata_ready_poll_s / 5)
 
     def member_address(self, node_id: str) -> str:
         member = self.state.members.get(node_id)
@@ -235,7 +249,7 @@ class ClusterNode:
         seen = self._trouble_seen
         self._trouble_seen = {name: seen.get(name, now) for name in found}
         self.troubles = {name: trouble for name, trouble in found.items()
-                         if now - self._trouble_seen[name] >= trouble_grace_s}
+                         if now - self._trouble_seen[name] >= limits.trouble_grace_s}
         if self.troubles and set(self.troubles) != self._troubles_logged:
             log.warning("%d streams need repair (e.g. %s: %s)", len(self.troubles),
                         *next(iter((n, t.why) for n, t in self.troubles.items())))
@@ -244,7 +258,7 @@ class ClusterNode:
     async def _scan_troubles_forever(self) -> None:
         await self._wait_caught_up()
         while True:
-            await asyncio.sleep(trouble_scan_period_s)
+            await asyncio.sleep(limits.trouble_scan_period_s)
             try:
                 self.scan_troubles()
             except Exception:
@@ -285,19 +299,19 @@ class ClusterNode:
         """Router: None when this node serves the stream."""
         if not self.state.members:
             raise RaftlogError(Reason.NO_LEADER, "the cluster has no members yet",
-                               retry_after_ms=retry_after_ms)
+                               retry_after_ms=limits.no_leader_retry_after_ms)
         primary = self.primary_of(stream)
         if primary == self.node_id:
             if not self.caught_up():  # its state may lack the stream or its consumers
                 raise RaftlogError(Reason.CATCHING_UP, "this node has not caught up with the "
                                    "cluster's metadata yet; retry", stream=stream,
-                                   retry_after_ms=retry_after_ms)
+                                   retry_after_ms=limits.catching_up_retry_after_ms)
             return None
         if self.liveness is not None and self.liveness.unreachable(primary):
             raise RaftlogError(Reason.NOT_PRIMARY, f"the primary of {stream!r}, {primary}, has "
                                f"not answered for {self.liveness.silent_s(primary):.1f} s; "
                                "retry (a failover replaces it)", stream=stream, primary=primary,
-                               retry_after_ms=retry_after_ms)
+                               retry_after_ms=limits.unreachable_retry_after_ms)
         return self.member_address(primary)
 
     def unreachable(self, address: str) -> RaftlogError | None:
@@ -309,7 +323,8 @@ class ClusterNode:
                 return RaftlogError(
                     Reason.FORWARD_FAILED, f"{member.node_id} at {address} stopped answering "
                     f"({self.liveness.silent_s(member.node_id):.1f} s); retry (a failover "
-                    "replaces a lost primary)", address=address, retry_after_ms=retry_after_ms)
+                    "replaces a lost primary)", address=address,
+                    retry_after_ms=limits.unreachable_retry_after_ms)
         return None
 
     def caught_up(self) -> bool:
@@ -338,7 +353,7 @@ class ClusterNode:
             except RaftlogError as err:
                 if err.reason is not Reason.NODE_EXISTS:
                     log.debug("registering %s: %s", self.node_id, err)
-                    await asyncio.sleep(register_retry_s)
+                    await asyncio.sleep(limits.register_retry_s)
 
     # ----------------------------------------------------------------- events
 
@@ -377,7 +392,7 @@ class ClusterNode:
                 watch.claimant = assignment.override.claimant if assignment.override else ""
                 watch.fence_epoch = assignment.fence_epoch
         for watcher in list(self.watchers):
-            if watcher.qsize() >= watch_queue_max:  # too slow: end its stream
+            if watcher.qsize() >= limits.watch_queue_max:  # too slow: end its stream
                 self.watchers.discard(watcher)
                 watcher.put_nowait(None)
             else:
@@ -405,11 +420,11 @@ class ClusterNode:
         while True:
             try:
                 await self.group.propose(raft_pb2.RaftCommand(barrier=raft_pb2.Barrier()),
-                                         timeout_s=catch_up_attempt_s)
+                                         timeout_s=limits.metadata_catch_up_attempt_s)
                 break
             except RaftlogError as err:
                 log.debug("catching up with the metadata: %s", err)
-                await asyncio.sleep(ready_poll_s)
+                await asyncio.sleep(limits.metadata_ready_poll_s)
         self._caught_up = True
         self._caught_up_event.set()
         log.info("metadata caught up in %.2f s (applied index %d)",
@@ -431,7 +446,7 @@ class ClusterNode:
                 await self.reconcile(name)
             except Exception:
                 log.exception("reconciling stream %s failed; retrying", name)
-                await asyncio.sleep(register_retry_s)
+                await asyncio.sleep(limits.register_retry_s)
                 self.queue(name)
             finally:
                 self._reconciling.discard(name)

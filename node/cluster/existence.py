@@ -14,35 +14,27 @@ no stream or consumer, so a call that finds what it looks for pays nothing:
    call is applied here (a lagging follower catches up); if the state now has it, as in 2; else
    the NOT_FOUND stands. A barrier that cannot commit (no quorum) is CATCHING_UP.
 
-`confirming` and `confirming_stream` wrap servicer methods with the check.
+The operations (node/ops/raft_first.py) run the check on a per-stream call's failure.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
-import grpc
-
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2
-from raftlog.node.cluster.coordinator import ClusterNode, retry_after_ms
+from raftlog.node.cluster.coordinator import ClusterNode
 from raftlog.node.engine.stream import ROLE_PRIMARY
-from raftlog.node.transport import rpc
 
 log = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
-UnaryMethod = Callable[[Any, Any, Context], Awaitable[Any]]
-StreamMethod = Callable[[Any, Any, Context], AsyncIterator[Any]]
 NOT_FOUND_REASONS = frozenset({Reason.STREAM_NOT_FOUND, Reason.CONSUMER_NOT_FOUND})
 
 
 def catching_up(stream: str, why: str) -> RaftlogError:
     return RaftlogError(Reason.CATCHING_UP, f"{why}; retry", stream=stream,
-                        retry_after_ms=retry_after_ms)
+                        retry_after_ms=limits.catching_up_retry_after_ms)
 
 
 class ExistenceCheck:
@@ -103,49 +95,3 @@ class ExistenceCheck:
 
 def _what(stream: str, consumer: str) -> str:
     return f"consumer {consumer!r} of stream {stream!r}" if consumer else f"stream {stream!r}"
-
-
-def _names(request: Any) -> tuple[str, str]:
-    """(stream, consumer) a per-stream request names ('' when it has no such field)."""
-    stream = getattr(request, "stream", "") or getattr(request, "name", "")
-    return str(stream), str(getattr(request, "consumer", ""))
-
-
-async def _confirmed(servicer: Any, error: RaftlogError, request: Any,
-                     context: Context) -> RaftlogError:
-    check: ExistenceCheck = servicer.existence
-    stream, consumer = _names(request)
-    return await check.confirm(error, stream=stream, consumer=consumer,
-                               timeout_s=context.time_remaining())
-
-
-def confirming(method: UnaryMethod) -> UnaryMethod:
-    """An `rpc.unary` servicer method (of a servicer with an `existence` ExistenceCheck) whose
-    NOT_FOUND is confirmed before it is answered."""
-    inner: UnaryMethod = getattr(method, "__wrapped__", method)
-
-    @rpc.unary
-    @functools.wraps(inner)
-    async def wrapper(self: Any, request: Any, context: Context) -> Any:
-        try:
-            return await inner(self, request, context)
-        except RaftlogError as err:
-            raise await _confirmed(self, err, request, context) from None
-
-    return wrapper
-
-
-def confirming_stream(method: StreamMethod) -> StreamMethod:
-    """`confirming` for an `rpc.server_stream` method."""
-    inner: StreamMethod = getattr(method, "__wrapped__", method)
-
-    @rpc.server_stream
-    @functools.wraps(inner)
-    async def wrapper(self: Any, request: Any, context: Context) -> AsyncIterator[Any]:
-        try:
-            async for item in inner(self, request, context):
-                yield item
-        except RaftlogError as err:
-            raise await _confirmed(self, err, request, context) from None
-
-    return wrapper

@@ -1,7 +1,8 @@
 """Stream failover and repair, run by the Raft leader: a retried, idempotent procedure that ends
 only when the metadata names a primary that holds the current fence epoch and serves writes.
 
-What needs it (checked every `check_period_s`, all per node, never a scan of every stream):
+What needs it (checked every `failover_check_period_s`, all per node, never a scan of every
+stream):
 - the streams led by a member the liveness monitor judges *lost* (node/cluster/liveness.py:
   silent here and to a majority of the members);
 - the streams a member reports in trouble in its Ping replies (node/cluster/coordinator.py
@@ -24,6 +25,8 @@ complete copy of every stream at epoch + 1 from its last seq + 1. Phase 2 at the
 idempotent, so a round that fails anywhere (a node stops answering, leadership moves before the
 promote commits) is simply run again, by this node or the next leader, which learns of the
 stream from the same lost-node verdict or trouble report.
+
+Timings and bounds are in base/limits.py ("Failover"), read at use time.
 """
 
 from __future__ import annotations
@@ -37,28 +40,22 @@ from typing import Any
 
 import grpc
 
+from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError
 from raftlog.internal import raft_pb2, replication_pb2
-from raftlog.node.cluster.liveness import LivenessMonitor, failover_after_s, majority
+from raftlog.node.cluster.liveness import LivenessMonitor, majority
 from raftlog.node.cluster.replica_sets import most_complete
-from raftlog.node.replication.primary import lease_s
 from raftlog.node.transport.peer import PeerClient
-from raftlog.raft.api import MetaGroup, command_bytes_max, ensure_ok
+from raftlog.raft.api import MetaGroup, ensure_ok
 from raftlog.raft.state_model import promotes_max
 
 __all__ = ["FailoverCoordinator", "LivenessMonitor", "Need"]
 
 log = logging.getLogger(__name__)
 
-check_period_s = 0.05
-survey_timeout_s = 0.5
-failover_retry_s = 0.5  # between rounds that include one stream
-promote_timeout_s = 2.0
-round_streams_max = 5_000  # streams one round handles; the rest wait for the next
-promote_batch_bytes_max = command_bytes_max - 4096  # encoded promotes in one Raft entry
-if failover_after_s <= lease_s:
-    raise ValueError("failover_after_s must exceed the primary's lease")
+if limits.failover_after_s <= limits.primary_lease_s:
+    raise ValueError("limits.failover_after_s must exceed limits.primary_lease_s")
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ class FailoverCoordinator:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(check_period_s)
+            await asyncio.sleep(limits.failover_check_period_s)
             if not self._group.is_leader() or (self._round is not None
                                                and not self._round.done()):
                 continue
@@ -142,13 +139,14 @@ class FailoverCoordinator:
                                             f"{reporter} reports: {trouble.why}")
         due = [need for need in found.values()
                if not self._busy(need.name)
-               and now - self._attempted_s.get(need.name, -1e9) >= failover_retry_s]
-        for need in due[:round_streams_max]:
+               and now - self._attempted_s.get(need.name, -1e9) >= limits.failover_retry_s]
+        round_max = limits.failover_round_streams_max
+        for need in due[:round_max]:
             self._attempted_s[need.name] = now
-        if len(self._attempted_s) > 4 * round_streams_max:  # forget old attempts
+        if len(self._attempted_s) > 4 * round_max:  # forget old attempts
             self._attempted_s = {k: v for k, v in self._attempted_s.items()
-                                 if now - v < failover_retry_s}
-        return due[:round_streams_max]
+                                 if now - v < limits.failover_retry_s}
+        return due[:round_max]
 
     # ----------------------------------------------------------------- one round
 
@@ -211,7 +209,8 @@ class FailoverCoordinator:
                                             fence_epoch=n.fence_epoch + 1 if fence else 0)
                  for n in needs]
         try:
-            reply = await self._peers.survey(node_id, items, timeout_s=survey_timeout_s)
+            reply = await self._peers.survey(node_id, items,
+                                             timeout_s=limits.failover_survey_timeout_s)
         except (grpc.aio.AioRpcError, RaftlogError) as err:
             log.info("failover: %s did not answer the survey of %d streams: %s", node_id,
                      len(items), err.code().name if isinstance(err, grpc.aio.AioRpcError)
@@ -225,7 +224,7 @@ class FailoverCoordinator:
             result = ensure_ok(await self._group.propose(
                 raft_pb2.RaftCommand(now_ms=self._clock.wall_ms(),
                                      stream_promotes=raft_pb2.StreamPromotes(promotes=chunk)),
-                timeout_s=promote_timeout_s))
+                timeout_s=limits.failover_promote_timeout_s))
             skipped = {s.stream: s.reason for s in result.skipped}
             took_ms = (time.perf_counter() - started) * 1000
             for promote in chunk:
@@ -254,7 +253,7 @@ def _chunks(promotes: list[raft_pb2.StreamPromote]) -> list[list[raft_pb2.Stream
     size = 0
     for promote in promotes:
         encoded = promote.ByteSize() + 8
-        if not chunks or size + encoded > promote_batch_bytes_max \
+        if not chunks or size + encoded > limits.failover_promote_batch_bytes_max \
                 or len(chunks[-1]) >= promotes_max:
             chunks.append([])
             size = 0

@@ -1,19 +1,23 @@
 """Who is alive, judged from the path that serves requests, robust to a busy machine.
 
-- `LoopHeartbeat`: a task on the node's event loop that notes every `beat_period_s` that the
+- `LoopHeartbeat`: a task on the node's event loop that notes every `loop_beat_period_s` that the
   loop ran. `late_s()` (readable from any thread, e.g. pysyncobj's tick thread) says how long
-  the loop has been stuck; a node whose loop is stuck stops leading Raft (raft/group.py) and,
-  since Ping is answered by the same loop, stops answering its peers.
-- `LivenessMonitor`: pings every other member's peer listener every `ping_period_s`. One
+  the loop has been stuck; a node whose loop is stuck stops leading Raft
+  (raft/election_guard.py) and, since Ping is answered by the same loop, stops answering its
+  peers.
+- `LivenessMonitor`: pings every other member's peer listener every `liveness_ping_period_s`. One
   verdict per node, not per stream: a member is *lost* when this node has not heard from it
   for `threshold_s()` AND a majority of the other members (this one included) report the same
   in their own Ping replies. So a node that only this node cannot reach (a partition between
   two nodes, or this node's own scheduling delay) is not failed over, while a dead, stopped or
   isolated node is.
 - Thresholds adapt to measured delay: `threshold_s()` is `failover_after_s`, raised to
-  `delay_factor` times the worst scheduling delay seen in the last `delay_window_s` (this
-  loop's lateness, ping round trips), capped at `failover_after_max_s`. On an idle machine it
-  stays at `failover_after_s`; on a starved one it grows instead of firing.
+  `liveness_delay_factor` times the worst scheduling delay seen in the last
+  `liveness_delay_window_s` (this loop's lateness, ping round trips), capped at
+  `failover_after_s_max`. On an idle machine it stays at `failover_after_s`; on a starved one
+  it grows instead of firing.
+
+Every timing named here is in base/limits.py ("Liveness"), read at use time.
 
 Ping replies also carry each member's stream troubles (streams it is named primary of but
 cannot serve, or fences no committed epoch explains): `troubles()` hands the fresh ones to the
@@ -31,24 +35,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError
 from raftlog.internal import replication_pb2
 from raftlog.node.transport.peer import PeerClient
 
 log = logging.getLogger(__name__)
-
-beat_period_s = 0.02
-ping_period_s = 0.1
-ping_timeout_s = 1.0  # a slow answer still counts: silence is measured, not timeouts
-failover_after_s = 0.8  # silence before a primary is replaced; must exceed the read lease
-failover_after_max_s = 3.0  # the adaptive threshold never goes above this
-unreachable_after_s = 0.5  # forwarding to a member silent this long fails fast (the lease)
-delay_factor = 3.0  # threshold >= this x the worst recent scheduling delay
-delay_window_s = 30.0  # scheduling delays remembered this long
-view_fresh_s = 1.0  # a member's report of its silences counts for this long
-report_silence_min_ms = 100  # members silent for less are not reported in a Ping reply
-trouble_fresh_s = 1.0
 
 
 def majority(count: int) -> int:
@@ -61,7 +54,7 @@ class LoopHeartbeat:
     def __init__(self) -> None:
         self._last_beat_s = time.monotonic()
         self._task: asyncio.Task[None] | None = None
-        self.delays = _Maxima(delay_window_s)
+        self.delays = _Maxima(limits.liveness_delay_window_s)
 
     def start(self) -> None:
         self._last_beat_s = time.monotonic()
@@ -74,13 +67,13 @@ class LoopHeartbeat:
 
     def late_s(self) -> float:
         """Thread-safe: seconds the loop is behind its heartbeat (0.0 when on time)."""
-        return max(0.0, time.monotonic() - self._last_beat_s - beat_period_s)
+        return max(0.0, time.monotonic() - self._last_beat_s - limits.loop_beat_period_s)
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(beat_period_s)
+            await asyncio.sleep(limits.loop_beat_period_s)
             now = time.monotonic()
-            self.delays.add(now, now - self._last_beat_s - beat_period_s)
+            self.delays.add(now, now - self._last_beat_s - limits.loop_beat_period_s)
             self._last_beat_s = now
 
 
@@ -111,7 +104,7 @@ class _Peer:
     last_ok_s: float | None = None  # its last answer (None: never answered yet)
     reply: replication_pb2.PingReply | None = None
     reply_s: float = -1e9
-    delays: _Maxima = field(default_factory=lambda: _Maxima(delay_window_s))
+    delays: _Maxima = field(default_factory=lambda: _Maxima(limits.liveness_delay_window_s))
 
 
 class LivenessMonitor:
@@ -126,7 +119,7 @@ class LivenessMonitor:
         self.heartbeat = heartbeat or LoopHeartbeat()
         self._state: dict[str, _Peer] = {}
         self._task: asyncio.Task[None] | None = None
-        self._threshold_s = failover_after_s  # threshold_s() as of the last ping round
+        self._threshold_s = limits.failover_after_s  # threshold_s() as of the last ping round
 
     def start(self) -> None:
         self.heartbeat.start()
@@ -152,11 +145,11 @@ class LivenessMonitor:
 
     def _silent_past(self, node_id: str, threshold_s: float) -> bool:
         """Silent longer than `threshold_s`; a member that never answered since this node
-        started gets `failover_after_max_s` (it may only be starting, or its channel backing
+        started gets `failover_after_s_max` (it may only be starting, or its channel backing
         off from an early refusal)."""
         peer = self._state.get(node_id)
         if peer is not None and peer.last_ok_s is None:
-            threshold_s = max(threshold_s, failover_after_max_s)
+            threshold_s = max(threshold_s, limits.failover_after_s_max)
         return self.silent_s(node_id) > threshold_s
 
     def delay_s(self) -> float:
@@ -167,17 +160,18 @@ class LivenessMonitor:
                     *(p.delays.max(now) for p in self._state.values())])
 
     def threshold_s(self) -> float:
-        return min(failover_after_max_s, max(failover_after_s, delay_factor * self.delay_s()))
+        return min(limits.failover_after_s_max,
+                   max(limits.failover_after_s, limits.liveness_delay_factor * self.delay_s()))
 
     def unreachable(self, node_id: str) -> bool:
         """Silent for longer than the read lease (and than the recent scheduling delay allows):
         a call forwarded there would only wait for its deadline."""
-        return self._silent_past(node_id, max(unreachable_after_s,
-                                              delay_factor * self.delay_s()))
+        return self._silent_past(node_id, max(limits.unreachable_after_s,
+                                              limits.liveness_delay_factor * self.delay_s()))
 
     def loop_stuck(self) -> bool:
         """Thread-safe: this node's serving loop is late past the failover threshold (as of
-        the last ping round), so it must not lead Raft (raft/group.py asks)."""
+        the last ping round), so it must not lead Raft (raft/election_guard.py asks)."""
         return self.heartbeat.late_s() > self._threshold_s
 
     def lost(self, node_id: str) -> bool:
@@ -192,7 +186,7 @@ class LivenessMonitor:
         for voter in voters:
             peer = self._state.get(voter)
             if voter == self._node_id or peer is None or peer.reply is None \
-                    or now - peer.reply_s > view_fresh_s:
+                    or now - peer.reply_s > limits.liveness_view_fresh_s:
                 continue
             if peer.reply.silent_ms.get(node_id, 0) >= threshold_s * 1000:
                 agree += 1
@@ -203,7 +197,7 @@ class LivenessMonitor:
         found = {}
         for node_id in self._members():
             silent_ms = int(self.silent_s(node_id) * 1000)
-            if silent_ms >= report_silence_min_ms:
+            if silent_ms >= limits.liveness_report_silence_ms_min:
                 found[node_id] = min(silent_ms, 2**32 - 1)
         return found
 
@@ -211,7 +205,7 @@ class LivenessMonitor:
         """(reporting node, trouble) from every member's latest fresh Ping reply."""
         now = self._clock.monotonic_s()
         return [(node_id, trouble) for node_id, peer in list(self._state.items())
-                if peer.reply is not None and now - peer.reply_s <= trouble_fresh_s
+                if peer.reply is not None and now - peer.reply_s <= limits.liveness_trouble_fresh_s
                 for trouble in peer.reply.troubles]
 
     def forget(self, node_id: str) -> None:
@@ -225,7 +219,7 @@ class LivenessMonitor:
         if peer is None:
             peer = self._state[node_id] = _Peer(first_try_s=sent)
         try:
-            reply = await self._peers.ping(node_id, timeout_s=ping_timeout_s)
+            reply = await self._peers.ping(node_id, timeout_s=limits.liveness_ping_timeout_s)
         except (grpc.aio.AioRpcError, RaftlogError):
             return
         now = self._clock.monotonic_s()
@@ -246,4 +240,4 @@ class LivenessMonitor:
                 in_flight.pop(node_id).cancel()
                 self.forget(node_id)
             self._threshold_s = self.threshold_s()
-            await asyncio.sleep(ping_period_s)
+            await asyncio.sleep(limits.liveness_ping_period_s)

@@ -26,6 +26,8 @@ The janitor (Raft leader, every `janitor_period_s`): streams with more or fewer 
 their config asks (capped by the members), or with a replica on a member silent for longer than
 `replace_dead_after_s`, get their next safe change; overrides that redirect nothing are cleared.
 `drain` moves everything off a member that is about to leave.
+
+Timings and bounds are in base/limits.py ("Placement"), read at use time.
 """
 
 from __future__ import annotations
@@ -60,21 +62,6 @@ from raftlog.v1 import cluster_pb2
 
 log = logging.getLogger(__name__)
 
-catch_up_timeout_s = 30.0  # a new replica must hold the committed prefix within this
-catch_up_poll_s = 0.02
-target_silent_s_max = 3.0  # a move ends when its target has answered nothing for this long
-handover_catch_up_s = 5.0  # after the old primary stops writing, for the target's last seqs
-migrate_attempts_max = 3
-settle_timeout_s = 5.0  # after a move, for the set to shrink back (else the janitor does it)
-step_timeout_s = 10.0  # one replica-set change of a move or a drain waits this long to be safe
-step_poll_s = 0.05
-survey_timeout_s = 0.5
-propose_timeout_s = 5.0
-janitor_period_s = 1.0
-tidy_streams_per_pass_max = 64  # replica-set changes one janitor pass makes at most
-tidy_concurrency_max = 16  # streams one janitor pass asks about at once
-replace_dead_after_s_default = 30.0
-
 States = dict[str, replication_pb2.ReplicaState]
 Result = TypeVar("Result")
 
@@ -95,13 +82,15 @@ class Placement:
 
     def __init__(self, *, node_id: str, group: MetaGroup, peers: PeerClient,
                  liveness: LivenessMonitor, clock: Clock,
-                 replace_dead_after_s: float = replace_dead_after_s_default) -> None:
+                 replace_dead_after_s: float | None = None) -> None:
+        """`replace_dead_after_s` defaults to `limits.replace_dead_after_s_default`."""
         self._node_id = node_id
         self._group = group
         self._peers = peers
         self._liveness = liveness
         self._clock = clock
-        self._replace_dead_after_s = replace_dead_after_s
+        self._replace_dead_after_s = (limits.replace_dead_after_s_default
+                                      if replace_dead_after_s is None else replace_dead_after_s)
         self._moving: set[str] = set()
         self._detached: set[asyncio.Task[Any]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -131,13 +120,14 @@ class Placement:
 
     async def _propose(self, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
         command.now_ms = command.now_ms or self._clock.wall_ms()
-        return ensure_ok(await self._group.propose(command, timeout_s=propose_timeout_s))
+        return ensure_ok(await self._group.propose(
+            command, timeout_s=limits.placement_propose_timeout_s))
 
     async def _replica_state(self, stream: str, node_id: str, *, fence_epoch: int = 0
                              ) -> replication_pb2.ReplicaState | None:
         try:
             state = await self._peers.replica_state(node_id, stream, fence_epoch=fence_epoch,
-                                                    timeout_s=survey_timeout_s)
+                                                    timeout_s=limits.placement_survey_timeout_s)
         except (grpc.aio.AioRpcError, RaftlogError):
             return None
         return state if state.exists else None
@@ -247,7 +237,7 @@ class Placement:
                 return True
             if self._clock.monotonic_s() >= deadline:
                 return False
-            await asyncio.sleep(step_poll_s)
+            await asyncio.sleep(limits.placement_step_poll_s)
 
     async def _settle(self, name: str, *, timeout_s: float, leaving: str = "",
                       done: Callable[[StreamAssignment], bool] | None = None) -> bool:
@@ -267,7 +257,7 @@ class Placement:
             if await self._step(name, ring=ring, leaving=leaving) is None:
                 if self._clock.monotonic_s() >= deadline:
                     return False
-                await asyncio.sleep(step_poll_s)
+                await asyncio.sleep(limits.placement_step_poll_s)
 
     # ----------------------------------------------------------------- migration
 
@@ -309,9 +299,10 @@ class Placement:
         added = target not in assignment.replicas
         if added and not await self._set_replicas(
                 stream, lambda a: a.replicas if target in a.replicas else (*a.replicas, target),
-                timeout_s=step_timeout_s):
+                timeout_s=limits.placement_step_timeout_s):
             raise RaftlogError(Reason.NO_QUORUM, f"{target!r} could not be added to "
-                               f"{stream!r}'s replicas safely within {step_timeout_s} s (its "
+                               f"{stream!r}'s replicas safely within "
+                               f"{limits.placement_step_timeout_s} s (its "
                                "replicas do not hold what its primary holds)", stream=stream)
         try:
             await self._move(stream, target, pin=pin, answer=answer)
@@ -322,31 +313,32 @@ class Placement:
         answer.outcome = ("added as a replica, caught up, took over" if added
                           else "caught up, took over")
         try:
-            settled = await self._settle(stream, timeout_s=settle_timeout_s)
+            settled = await self._settle(stream, timeout_s=limits.move_settle_timeout_s)
         except RaftlogError as err:
             log.info("moving %s: shrinking its replica set back: %s", stream, err)
             settled = False
         if not settled:
             log.info("moving %s: its replica set did not shrink back within %s s; the janitor "
-                     "carries on", stream, settle_timeout_s)
+                     "carries on", stream, limits.move_settle_timeout_s)
         return answer
 
     async def _move(self, stream: str, target: str, *, pin: bool,
                     answer: cluster_pb2.MigrateStreamResponse) -> None:
-        for attempt in range(1, migrate_attempts_max + 1):
+        for attempt in range(1, limits.migrate_attempts_max + 1):
             answer.attempts = attempt
             await self._wait_caught_up(stream, target)
             if await self._take_over(stream, target, pin=pin, answer=answer):
                 return
         raise RaftlogError(Reason.NO_QUORUM, f"{target!r} did not become the primary of "
-                           f"{stream!r} in {migrate_attempts_max} attempts", stream=stream)
+                           f"{stream!r} in {limits.migrate_attempts_max} attempts", stream=stream)
 
     async def _take_out(self, stream: str, target: str) -> None:
         """After a failed move: the target it added leaves the replica set again."""
         try:
             if not await self._set_replicas(
                     stream, lambda a: a.replicas if a.primary == target
-                    else tuple(n for n in a.replicas if n != target), timeout_s=step_timeout_s):
+                    else tuple(n for n in a.replicas if n != target),
+                    timeout_s=limits.placement_step_timeout_s):
                 log.warning("moving %s: could not take %s out of its replicas safely; the "
                             "janitor carries on", stream, target)
         except RaftlogError as err:
@@ -355,10 +347,10 @@ class Placement:
 
     async def _wait_caught_up(self, stream: str, target: str) -> None:
         """Until the target holds what the primary has committed; TIMEOUT after
-        `catch_up_timeout_s`, NODE_UNREACHABLE once it answered nothing for
-        `target_silent_s_max`."""
+        `placement_catch_up_timeout_s`, NODE_UNREACHABLE once it answered nothing for
+        `move_target_silent_s_max`."""
         now = self._clock.monotonic_s()
-        deadline, heard = now + catch_up_timeout_s, now
+        deadline, heard = now + limits.placement_catch_up_timeout_s, now
         while True:
             primary = self._assignment(stream).primary
             theirs = await self._replica_state(stream, primary)
@@ -368,28 +360,30 @@ class Placement:
                 heard = now
                 if theirs is not None and mine.last_seq >= theirs.commit_seq:
                     return
-            if now - heard > target_silent_s_max:
+            if now - heard > limits.move_target_silent_s_max:
                 raise RaftlogError(Reason.NODE_UNREACHABLE, f"{target!r} answered nothing about "
-                                   f"{stream!r} for {target_silent_s_max} s; the move stops",
+                                   f"{stream!r} for {limits.move_target_silent_s_max} s; the "
+                                   "move stops",
                                    stream=stream, node=target)
             if now >= deadline:
                 raise RaftlogError(Reason.TIMEOUT, f"{target!r} did not catch up with "
-                                   f"{stream!r} within {catch_up_timeout_s} s", stream=stream)
-            await asyncio.sleep(catch_up_poll_s)
+                                   f"{stream!r} within {limits.placement_catch_up_timeout_s} s",
+                                   stream=stream)
+            await asyncio.sleep(limits.placement_catch_up_poll_s)
 
     async def _wait_for_seq(self, stream: str, node: str, seq: int) -> bool:
-        """Until the node holds `seq`; False after `handover_catch_up_s`, or once it answered
-        nothing for `target_silent_s_max`."""
+        """Until the node holds `seq`; False after `move_handover_catch_up_s`, or once it
+        answered nothing for `move_target_silent_s_max`."""
         now = self._clock.monotonic_s()
-        deadline, heard = now + handover_catch_up_s, now
-        while now < deadline and now - heard <= target_silent_s_max:
+        deadline, heard = now + limits.move_handover_catch_up_s, now
+        while now < deadline and now - heard <= limits.move_target_silent_s_max:
             state = await self._replica_state(stream, node)
             now = self._clock.monotonic_s()
             if state is not None:
                 if state.last_seq >= seq:
                     return True
                 heard = now
-            await asyncio.sleep(catch_up_poll_s)
+            await asyncio.sleep(limits.placement_catch_up_poll_s)
         return False
 
     async def _take_over(self, stream: str, target: str, *, pin: bool,
@@ -480,7 +474,7 @@ class Placement:
 
     async def _janitor(self) -> None:
         while True:
-            await asyncio.sleep(janitor_period_s)
+            await asyncio.sleep(limits.janitor_period_s)
             if not self._group.is_leader():
                 continue
             try:
@@ -491,7 +485,7 @@ class Placement:
                 log.exception("placement janitor failed")
 
     async def tidy(self) -> int:
-        """One pass: the next safe replica-set change of up to `tidy_streams_per_pass_max`
+        """One pass: the next safe replica-set change of up to `janitor_streams_per_pass_max`
         streams whose set differs from what their config asks, and clearing overrides that no
         longer redirect anything (the claimant is the ring owner again), except on pinned
         streams; returns how many streams it changed."""
@@ -514,9 +508,10 @@ class Placement:
                 await self._propose(raft_pb2.RaftCommand(
                     authority_clear_override=raft_pb2.AuthorityClearOverride(stream=name)))
                 changed += 1
-        due = due[:tidy_streams_per_pass_max]
-        for start in range(0, len(due), tidy_concurrency_max):
-            batch = due[start:start + tidy_concurrency_max]
+        due = due[:limits.janitor_streams_per_pass_max]
+        concurrency_max = limits.janitor_concurrency_max
+        for start in range(0, len(due), concurrency_max):
+            batch = due[start:start + concurrency_max]
             results = await asyncio.gather(*(self._step(name, ring=ring) for name in batch),
                                            return_exceptions=True)
             for name, result in zip(batch, results, strict=True):
@@ -557,7 +552,8 @@ class Placement:
                 raise RaftlogError(Reason.NODE_IN_USE, f"no member can take over {name!r} "
                                    f"from {node_id!r}", stream=name)
             await self._migrate(name, target, pin=False)
-        if not await self._settle(name, timeout_s=step_timeout_s, leaving=node_id,
-                                  done=lambda a: node_id not in a.replicas):
+        if not await self._settle(name, timeout_s=limits.placement_step_timeout_s,
+                                  leaving=node_id, done=lambda a: node_id not in a.replicas):
             raise RaftlogError(Reason.NODE_IN_USE, f"{node_id!r}'s copy of {name!r} could not "
-                               f"be moved safely within {step_timeout_s} s", stream=name)
+                               f"be moved safely within {limits.placement_step_timeout_s} s",
+                               stream=name)

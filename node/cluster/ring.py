@@ -5,7 +5,8 @@ not matter), so every node that has applied the same Raft membership computes th
 in every process. Tokens come from BLAKE2b, never from `hash()`, whose value for a `str` changes
 with PYTHONHASHSEED.
 
-Each member gets `vnodes_per_member` tokens on a 64-bit circle; a stream belongs to the member
+Each member gets `vnodes_per_member` tokens (`limits.ring_vnodes_per_member` unless a caller
+says otherwise) on a 64-bit circle (`limits.ring_token_bytes`); a stream belongs to the member
 of the first token at or after the stream's own token, wrapping past the top (clockwise).
 Replicas are the owner, then the next distinct members clockwise. Lookups bisect the sorted
 tokens: O(log n) in the number of tokens; collecting r replicas walks on until r distinct
@@ -22,22 +23,23 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
 
-# Tokens per member. Measured with 10,000 stream names (tests/process/test_ring.py): 256 keeps the
-# busiest member within 1.20x of the mean for 3, 5 and 7 members across 900 random member-name
-# sets (p99 1.15 / 1.17 / 1.19); 128 reaches 1.31 and 512 gains only ~0.03 at 7 members, where
-# the sampling noise of 10,000 streams (~2.6 %) dominates. Changing it moves streams.
-ring_vnodes_per_member = 256
-# Bytes of a BLAKE2b digest used as a token: a 64-bit circle.
-token_bytes = 8
+# Tokens per member, `limits.ring_vnodes_per_member`. Measured with 10,000 stream names
+# (tests/process/test_ring.py): 256 keeps the busiest member within 1.20x of the mean for 3, 5
+# and 7 members across 900 random member-name sets (p99 1.15 / 1.17 / 1.19); 128 reaches 1.31
+# and 512 gains only ~0.03 at 7 members, where the sampling noise of 10,000 streams (~2.6 %)
+# dominates. Changing it moves streams.
+
 # BLAKE2b personalisation (<= 16 bytes) keeps member tokens and stream tokens in separate domains.
 _vnode_person = b"raftlog.vnode"
 _stream_person = b"raftlog.stream"
 
 
 def _token(data: str, *, person: bytes) -> int:
-    digest = hashlib.blake2b(data.encode(), digest_size=token_bytes, person=person).digest()
+    digest = hashlib.blake2b(data.encode(), digest_size=limits.ring_token_bytes,
+                             person=person).digest()
     return int.from_bytes(digest, "big")
 
 
@@ -67,8 +69,10 @@ class Ring:
     """An immutable ring over a member set; build a new one when the membership changes."""
 
     def __init__(
-        self, members: Iterable[str], *, vnodes_per_member: int = ring_vnodes_per_member
+        self, members: Iterable[str], *, vnodes_per_member: int | None = None
     ) -> None:
+        if vnodes_per_member is None:
+            vnodes_per_member = limits.ring_vnodes_per_member
         member_set = frozenset(members)
         if vnodes_per_member < 1:
             raise RaftlogError(

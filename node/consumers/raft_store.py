@@ -9,15 +9,17 @@ Owns the mapping between the engine's `storage_pb2.ConsumerRecord` and the metad
 save: a record becomes a `ConsumerProgress` (ack floor, acked seqs above it, delivered_seq), minus
   what the locally applied state already holds (it holds only committed entries, and the state
   machine merges progress monotonically: floors and delivered_seq take the max, acked sets
-  union; so the difference commits the same state). Saves arriving within `coalesce_ms` of the
-  first pending one, or until the batch nears `command_bytes_max`, go out together; a later
-  save of a consumer already pending is merged into it (max floor, union, max cursor). One
-  batch is in flight at a time; its commands (several when one would be too big) are proposed
-  concurrently, and every caller waits for the commit of each command that carries part of its
-  save. A save whose content is already committed returns without proposing.
+  union; so the difference commits the same state). Saves arriving within
+  `limits.consumer_save_coalesce_ms` of the first pending one, or until the batch nears
+  `limits.metadata_command_bytes_max`, go out together; a later save of a consumer already
+  pending is merged into it (max floor, union, max cursor). One batch is in flight at a time;
+  its commands (several when one would be too big) are proposed concurrently, and every caller
+  waits for the commit of each command that carries part of its save. A save whose content is
+  already committed returns without proposing.
   Errors: the proposal's error (NO_LEADER, TIMEOUT, ...) for every save in that command; a
   skipped update fails that consumer's save with the skip's reason (CONSUMER_NOT_FOUND,
-  STREAM_NOT_FOUND, OVERLOADED); OVERLOADED when `pending_saves_max` callers already wait.
+  STREAM_NOT_FOUND, OVERLOADED); OVERLOADED when `limits.consumer_pending_saves_max` callers
+  already wait.
 
 load: see `record_from_assignment`. The Raft state knows the floor, the acked seqs above it and
   the delivery cursor, not which seqs in between were handed out: every unacked seq in
@@ -44,21 +46,11 @@ from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.base.waiters import settle
 from raftlog.internal import raft_pb2, storage_pb2
 from raftlog.raft import commands
-from raftlog.raft.api import OUTCOME_UNKNOWN, MetaGroup, command_bytes_max, ensure_ok
+from raftlog.raft.api import OUTCOME_UNKNOWN, MetaGroup, ensure_ok
 from raftlog.raft.state_model import consumer_updates_max
 from raftlog.v1 import consumers_pb2
 
 log = logging.getLogger(__name__)
-
-# Limits and timings (units last).
-coalesce_ms = 2.0  # saves arriving this long after the first pending one share its command
-propose_timeout_s = 5.0  # given to MetaGroup.propose for each command
-propose_grace_s = 1.0  # past propose_timeout_s, stop waiting for a group that did not answer
-pending_saves_max = 10_000  # callers waiting for a commit (pending and in flight), in all
-command_headroom_bytes = 64  # RaftCommand framing around the updates: now_ms, oneof tag, length
-# Unacked seqs above the ack floor that `load` turns into pending deliveries, per consumer: the
-# most a consumer can have handed out unacked, plus as many skipped seqs (filter, holes) again.
-redeliveries_on_load_max = limits.max_ack_pending_max + limits.acked_above_floor_max
 
 _GONE_REASONS = (Reason.CONSUMER_NOT_FOUND.name, Reason.STREAM_NOT_FOUND.name)
 
@@ -117,23 +109,30 @@ class RaftConsumerStore:
     """ConsumerStore over the metadata group. One per node; event loop thread only."""
 
     def __init__(self, *, group: MetaGroup, clock: Clock,
-                 coalesce_ms: float = coalesce_ms,
-                 propose_timeout_s: float = propose_timeout_s,
-                 pending_saves_max: int = pending_saves_max,
-                 redeliveries_on_load_max: int = redeliveries_on_load_max,
+                 coalesce_ms: float | None = None,
+                 propose_timeout_s: float | None = None,
+                 pending_saves_max: int | None = None,
+                 redeliveries_on_load_max: int | None = None,
                  epoch_of: Callable[[str], int] | None = None) -> None:
         """`epoch_of(stream)` is the fence epoch this node leads the stream at; saves carry it
-        so that the cluster refuses acks taken by a primary that was replaced meanwhile."""
+        so that the cluster refuses acks taken by a primary that was replaced meanwhile. The
+        other options default to the `consumer_*` limits (base/limits.py), read here."""
         self._epoch_of = epoch_of
         self._group = group
         self._clock = clock
-        self._coalesce_s = coalesce_ms / 1000
-        self._propose_timeout_s = propose_timeout_s
-        self._pending_saves_max = pending_saves_max
-        self._redeliveries_on_load_max = redeliveries_on_load_max
+        self._coalesce_s = (limits.consumer_save_coalesce_ms if coalesce_ms is None
+                            else coalesce_ms) / 1000
+        self._propose_timeout_s = (limits.consumer_propose_timeout_s if propose_timeout_s is None
+                                   else propose_timeout_s)
+        self._pending_saves_max = (limits.consumer_pending_saves_max if pending_saves_max is None
+                                   else pending_saves_max)
+        self._redeliveries_on_load_max = (limits.consumer_redeliveries_on_load_max
+                                          if redeliveries_on_load_max is None
+                                          else redeliveries_on_load_max)
         # The batch in flight took at most one propose round; the caller's, one more.
-        self._save_wait_s_max = self._coalesce_s + 2 * (propose_timeout_s + propose_grace_s)
-        self._budget_bytes = command_bytes_max - command_headroom_bytes
+        self._save_wait_s_max = self._coalesce_s + 2 * (self._propose_timeout_s
+                                                        + limits.consumer_propose_grace_s)
+        self._budget_bytes = _budget_bytes()
         self._pending: dict[Key, PendingSave] = {}
         self._pending_bytes = 0
         self._first_pending_at = 0.0  # loop time the oldest pending save arrived
@@ -296,14 +295,15 @@ class RaftConsumerStore:
 
     async def _propose(self, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
         """The group's result (rejections included); raises what propose raised, or TIMEOUT
-        when the group did not answer within its own timeout plus `propose_grace_s`."""
+        when the group did not answer within its own timeout plus
+        `limits.consumer_propose_grace_s`."""
+        wait_s = self._propose_timeout_s + limits.consumer_propose_grace_s
         try:
             return await asyncio.wait_for(
-                self._group.propose(command, timeout_s=self._propose_timeout_s),
-                self._propose_timeout_s + propose_grace_s)
+                self._group.propose(command, timeout_s=self._propose_timeout_s), wait_s)
         except TimeoutError:
             raise RaftlogError(Reason.TIMEOUT, "the metadata group did not answer within "
-                               f"{self._propose_timeout_s + propose_grace_s:.1f} s",
+                               f"{wait_s:.1f} s",
                                outcome=OUTCOME_UNKNOWN) from None
 
     def _drop_committed(self, save: PendingSave) -> bool:
@@ -327,12 +327,20 @@ class RaftConsumerStore:
 # ----------------------------------------------------------------- commands (pure)
 
 
+def _budget_bytes() -> int:
+    """Bytes of updates one command carries: the command limit less its framing."""
+    return limits.metadata_command_bytes_max - limits.consumer_command_headroom_bytes
+
+
 def build_commands(saves: Iterable[PendingSave], *, now_ms: int,
-                   budget_bytes: int = command_bytes_max - command_headroom_bytes
-                   ) -> list[_Command]:
-    """ConsumerStateUpdate commands carrying every save, each under `command_bytes_max`; a
-    save too big for one command is split by acked seqs over several (same floor, same
-    cursor: the state machine's merge makes the parts add up to the whole)."""
+                   budget_bytes: int | None = None) -> list[_Command]:
+    """ConsumerStateUpdate commands carrying every save, each under
+    `limits.metadata_command_bytes_max`; a save too big for one command is split by acked
+    seqs over several (same floor, same cursor: the state machine's merge makes the parts add
+    up to the whole). `budget_bytes` defaults to that limit less the command's framing."""
+    if budget_bytes is None:
+        budget_bytes = _budget_bytes()
+    command_bytes_max = limits.metadata_command_bytes_max
     out: list[_Command] = []
     parts: list[raft_pb2.ConsumerProgress] = []
     keys: set[Key] = set()
@@ -433,7 +441,7 @@ def _not_found(stream: str, name: str) -> RaftlogError:
 
 def record_from_assignment(*, config: consumers_pb2.ConsumerConfig, created_ms: int,
                            ack_floor: int, acked: Iterable[int], delivered_seq: int,
-                           redeliveries_max: int = redeliveries_on_load_max
+                           redeliveries_max: int | None = None
                            ) -> storage_pb2.ConsumerRecord:
     """The ConsumerRecord a new primary resumes from, given the committed progress.
 
@@ -449,11 +457,15 @@ def record_from_assignment(*, config: consumers_pb2.ConsumerConfig, created_ms: 
       removed ones, and must drop the ones its filter does not match. Seqs handed out after
       the last committed save lie above the cursor and are delivered as new; an ack of one
       is accepted all the same (consumer_state.py, `restored_last_seq`).
-    - at most `redeliveries_max` deliveries, the lowest unacked seqs; any unacked seq above them
-      stays below the cursor and is treated as done (never an acked seq handed out again).
+    - at most `redeliveries_max` deliveries (by default
+      `limits.consumer_redeliveries_on_load_max`), the lowest unacked seqs; any unacked seq
+      above them stays below the cursor and is treated as done (never an acked seq handed out
+      again).
     Not in the metadata, so not restored: delivery counts above 1, num_dead_lettered and the
     LAST_PER_SUBJECT start set (delivery continues in seq order after the cursor, a superset).
     """
+    if redeliveries_max is None:
+        redeliveries_max = limits.consumer_redeliveries_on_load_max
     floor = ack_floor
     done = {seq for seq in acked if seq > floor}
     while floor + 1 in done:  # as the state machine keeps it; also mends a state that did not

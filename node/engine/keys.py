@@ -24,6 +24,10 @@ _INDEX = b"i"
 _SUMMARY = b"s"
 
 
+# The packer itself, for loops that pack a seq per message (no Python call around it).
+pack_u64 = _U64.pack
+
+
 def u64(value: int) -> bytes:
     return _U64.pack(value)
 
@@ -92,6 +96,10 @@ def prefix_end(prefix: bytes) -> bytes:
 
 def dedupe_key(stream_id: int, msg_id: str) -> bytes:
     return _U64.pack(stream_id) + msg_id.encode()
+
+
+def dedupe_msg_id(key: bytes) -> str:
+    return key[8:].decode()
 
 
 def consumer_key(stream_id: int, name: str) -> bytes:

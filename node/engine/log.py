@@ -1,7 +1,8 @@
 """What a consumer sees of its stream: the `StreamLog` protocol and its in-memory twin.
 
-The stream engine (`streams.py`) implements it over RocksDB; consumers (`consumers.py`) use
-only this. All methods run on the node's event loop thread; none blocks.
+The stream engine (`Stream`, stream.py) implements it over its `MessageStore` (store.py);
+consumers (`consumers.py`) use only this. All methods run on the node's event loop thread; none
+blocks.
 
 Seq rules: seqs are 1..last_seq without gaps when assigned; removed messages leave holes that
 `read` reports as None. Only seqs <= `commit_seq` may be handed to a consumer (G4).

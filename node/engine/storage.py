@@ -1,9 +1,10 @@
 """The node's one RocksDB (rocksdict, raw mode) and its group-commit writer.
 
-Column families (DESIGN §2): raft_log, raft_meta (owned by raftlog.raft.journal), messages,
-subjects, dedupe, stream_state, consumers. Writes are unsynced WriteBatches made on the event
-loop thread; `GroupCommitter.durable()` returns once one `flush_wal(True)` (which releases the
-GIL) covers every write made before the call. Many publishes share one fsync.
+Column families (DESIGN §2): raft_log, raft_meta (owned by raftlog.raft.journal); messages,
+subjects, dedupe, stream_state (the streams' `MessageStore`, rocks_store.py); consumers. Writes
+are unsynced WriteBatches made on the event loop thread; `GroupCommitter.durable()` returns once
+one `flush_wal(True)` (which releases the GIL) covers every write made before the call. Many
+publishes share one fsync.
 
 An fsync failure is fatal: the node cannot know what reached the disk, so it exits rather than
 acknowledge anything more (as PostgreSQL does).
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
+from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation
 from raftlog.base.files import ensure_dir, fsync_dir
 from raftlog.base.waiters import settle
@@ -42,8 +44,6 @@ COLUMN_FAMILIES = (
     CF_STREAM_STATE,
     CF_CONSUMERS,
 )
-
-fsync_wait_s_max = 30.0  # an fsync that takes longer than this is treated as a failed disk
 
 
 def _cf_options() -> Options:
@@ -201,4 +201,4 @@ class GroupCommitter:
             self._stopping = True
             self._wake.notify()
         if self._thread is not None:
-            self._thread.join(timeout=fsync_wait_s_max)
+            self._thread.join(timeout=limits.fsync_wait_s_max)

@@ -6,8 +6,6 @@ from raftlog.base import limits, subjects
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.v1 import streams_pb2, types_pb2
 
-max_age_ms_max = 100 * 365 * 24 * 60 * 60 * 1000  # a century
-
 
 def _invalid(message: str, **metadata: object) -> RaftlogError:
     return RaftlogError(Reason.INVALID_CONFIG, message, **metadata)
@@ -24,8 +22,8 @@ def validate_config(config: types_pb2.StreamConfig) -> types_pb2.StreamConfig:
         raise _invalid("subject patterns repeat")
     if config.retention not in types_pb2.RetentionPolicy.values():
         raise _invalid(f"unknown retention policy {config.retention}")
-    if config.max_age_ms > max_age_ms_max:
-        raise _invalid(f"max_age_ms may be at most {max_age_ms_max}")
+    if config.max_age_ms > limits.max_age_ms_max:
+        raise _invalid(f"max_age_ms may be at most {limits.max_age_ms_max}")
     if config.max_msg_bytes > limits.message_bytes_max:
         raise _invalid(
             f"max_msg_bytes may be at most {limits.message_bytes_max}",

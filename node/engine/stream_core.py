@@ -2,14 +2,15 @@
 
 `StreamCore` owns the stream's record and counters (per-subject counts, the dedupe window),
 the commit seq with its waiters, and the stream's role here (primary or replica, deposed,
-primacy). It loads them back from RocksDB and holds the storage primitives that publishing,
-retention, reads and the replica side all use: reading a stored message, scanning committed
-seqs, writing the counters and the record with a batch, deleting one seq, moving the head.
+primacy). It loads them back from its `MessageStore` (store.py) and holds the storage
+primitives that publishing, retention, reads and the replica side all use: reading a stored
+message, scanning committed seqs, writing the counters and the record with a batch, deleting
+one seq, moving the head.
 
-The concerns are mixins over it: `stream_reads`, `stream_retention`, `stream_publish`; `Stream`
-(stream.py) puts them together. Everything here runs on the event loop thread. `commit_seq`
-(the high-water mark, G4) moves only after the fsync that covers the write; readers never see
-a seq above it.
+The concerns are mixins over it: `stream_reads`, `stream_retention`, `stream_publish`,
+`stream_replica`; `Stream` (stream.py) puts them together. Everything here runs on the event
+loop thread. `commit_seq` (the high-water mark, G4) moves only after the fsync that covers the
+write; readers never see a seq above it.
 """
 
 from __future__ import annotations
@@ -20,27 +21,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from rocksdict import WriteBatch
-
 from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.base.waiters import settle
 from raftlog.internal import storage_pb2
-from raftlog.node.engine import keys
 from raftlog.node.engine.log import LogEntry
-from raftlog.node.engine.storage import (
-    CF_DEDUPE,
-    CF_MESSAGES,
-    CF_STREAM_STATE,
-    CF_SUBJECTS,
-    GroupCommitter,
-    Storage,
-)
-from raftlog.node.replication.replica import ROLE_PRIMARY, ROLE_REPLICA
+from raftlog.node.engine.store import MessageStore, StoreBatch
 from raftlog.v1 import streams_pb2, types_pb2
 
-removed_log_max = 100_000  # removals kept for replicas before they must be re-seeded
+# The role of this node for a stream: the primary takes writes and serves reads; a replica only
+# takes its primary's batches (stream_replica.py).
+ROLE_PRIMARY = "primary"
+ROLE_REPLICA = "replica"
 
 
 class Replicator(Protocol):
@@ -89,20 +82,17 @@ def to_entry(seq: int, stored: storage_pb2.StoredMessage) -> LogEntry:
     )
 
 
-
 class StreamCore:
     """The state of one stream here and the primitives its concerns share."""
 
     def __init__(
         self,
         *,
-        storage: Storage,
-        committer: GroupCommitter,
+        store: MessageStore,
         clock: Clock,
         record: storage_pb2.StreamRecord,
     ) -> None:
-        self._storage = storage
-        self._committer = committer
+        self._store = store
         self._clock = clock
         self.record = record
         self.stream_id = record.stream_id
@@ -118,6 +108,7 @@ class StreamCore:
         self.deposed: RaftlogError | None = None  # set when this node stopped being primary
         self.primacy = 0  # changes with every role change; a commit wait spans one value
         self.removed_log: list[int] = []  # seqs removed here, for the replicator to pass on
+        self._unwritten_deletes: set[int] = set()  # deleted in the batch not yet written
         self.replicated_by = ""  # as a replica: the node whose batches it took last
         self._known_subjects: dict[str, tuple[bytes, int]] = {}
         self.closed = False
@@ -125,22 +116,14 @@ class StreamCore:
     # ----------------------------------------------------------------- loading
 
     def load(self) -> None:
-        """Reads subject counters and the dedupe window back from RocksDB."""
-        prefix = keys.summary_prefix(self.stream_id)
-        for key, value in self._storage.scan(
-            CF_SUBJECTS, lower=prefix, upper=keys.prefix_end(prefix)
-        ):
-            count, last_seq = keys.read_pair(value)
-            self.subject_stats[keys.summary_subject(key)] = SubjectStat(count, last_seq)
+        """Reads subject counters and the dedupe window back from the store."""
+        for subject, count, last_seq in self._store.subjects(self.stream_id):
+            self.subject_stats[subject] = SubjectStat(count, last_seq)
         cutoff = self._clock.wall_ms() - self.dedupe_window_ms
         entries = []
-        start = keys.stream_prefix(self.stream_id)
-        for key, value in self._storage.scan(
-            CF_DEDUPE, lower=start, upper=keys.stream_end(self.stream_id)
-        ):
-            seq, ts_ms = keys.read_pair(value)
+        for msg_id, seq, ts_ms in self._store.dedupe_entries(self.stream_id):
             if ts_ms >= cutoff:
-                entries.append((ts_ms, seq, key[8:].decode()))
+                entries.append((ts_ms, seq, msg_id))
         for ts_ms, seq, msg_id in sorted(entries):
             self.dedupe[msg_id] = (seq, ts_ms)
         self._advance_head()
@@ -195,59 +178,50 @@ class StreamCore:
     # ----------------------------------------------------------------- storage primitives
 
     def _read_stored(self, seq: int) -> storage_pb2.StoredMessage | None:
-        raw = self._storage.get(CF_MESSAGES, keys.message_key(self.stream_id, seq))
+        raw = self._store.get_message(self.stream_id, seq)
         if raw is None:
             return None
         return storage_pb2.StoredMessage.FromString(raw)
 
     def _committed_items(self, from_seq: int) -> Iterator[tuple[int, bytes]]:
-        lower = keys.message_key(self.stream_id, max(from_seq, self.first_seq))
-        upper = keys.message_key(self.stream_id, self._commit_seq + 1)
-        for key, value in self._storage.scan(CF_MESSAGES, lower=lower, upper=upper):
-            yield keys.message_seq(key), value
+        return self._store.messages(self.stream_id, lower=max(from_seq, self.first_seq),
+                                    upper=self._commit_seq + 1)
 
     def _subject_seqs(self, subject: str, *, from_seq: int, to_seq: int) -> Iterator[int]:
         """Seqs of one literal subject in [from_seq, to_seq], ascending."""
-        lower = keys.index_key(self.stream_id, subject, from_seq)
-        upper = keys.index_key(self.stream_id, subject, to_seq + 1)
-        for key in self._storage.scan_keys(CF_SUBJECTS, lower=lower, upper=upper):
-            yield keys.index_seq(key)
+        return self._store.subject_seqs(self.stream_id, subject, lower=from_seq,
+                                        upper=to_seq + 1)
 
-    def _write(self, batch: WriteBatch, touched: set[str]) -> WriteBatch:
-        """Writes counters of touched subjects and the stream record with `batch`."""
-        handle = self._storage.handle(CF_SUBJECTS)
+    def _write(self, batch: StoreBatch, touched: set[str]) -> StoreBatch:
+        """Writes counters of touched subjects and the stream record with `batch`; returns a
+        new batch."""
         for subject in touched:
             stat = self.subject_stats.get(subject)
-            key = keys.summary_key(self.stream_id, subject)
             if stat is None:
-                batch.delete(key, handle)
+                batch.delete_subject(self.stream_id, subject)
             else:
-                batch.put(key, keys.pair(stat.count, stat.last_seq), handle)
-        batch.put(self.name.encode(), self.record.SerializeToString(),
-                  self._storage.handle(CF_STREAM_STATE))
-        self._storage.write(batch)
-        return self._storage.batch()
+                batch.put_subject(self.stream_id, subject, count=stat.count,
+                                  last_seq=stat.last_seq)
+        batch.put_record(self.name, self.record.SerializeToString())
+        self._store.write(batch)
+        self._unwritten_deletes.clear()
+        return self._store.batch()
 
-    def _delete_seq(self, batch: WriteBatch, seq: int, touched: set[str]) -> bool:
+    def _delete_seq(self, batch: StoreBatch, seq: int, touched: set[str]) -> bool:
         stored = self._read_stored(seq)
         if stored is None:
             return False
         size = stored_size(stored)
-        batch.delete(keys.message_key(self.stream_id, seq), self._storage.handle(CF_MESSAGES))
-        if self.replicator is not None and len(self.removed_log) < removed_log_max:
+        batch.delete_message(self.stream_id, seq, subject=stored.subject)
+        self._unwritten_deletes.add(seq)
+        if self.replicator is not None and len(self.removed_log) < limits.removed_log_max:
             self.removed_log.append(seq)
-        batch.delete(keys.index_key(self.stream_id, stored.subject, seq),
-                     self._storage.handle(CF_SUBJECTS))
         stat = self.subject_stats[stored.subject]
         stat.count -= 1
         if stat.count <= 0:
             del self.subject_stats[stored.subject]
         elif stat.last_seq == seq:
-            key = self._storage.last_key(
-                CF_SUBJECTS, lower=keys.index_prefix(self.stream_id, stored.subject),
-                upper=keys.index_key(self.stream_id, stored.subject, seq),
-            )
-            stat.last_seq = keys.index_seq(key) if key else 0
+            stat.last_seq = self._last_kept(stored.subject, below=seq)
         touched.add(stored.subject)
         self.record.messages -= 1
         self.record.bytes -= size
@@ -255,20 +229,24 @@ class StreamCore:
             raise InvariantViolation(f"stream {self.name}: message count went negative")
         return True
 
+    def _last_kept(self, subject: str, *, below: int) -> int:
+        """The subject's highest seq under `below` that stays, skipping those deleted by the
+        batch being built (the store still holds them until it is written); 0 when none."""
+        found = self._store.last_subject_seq(self.stream_id, subject, upper=below)
+        while found and found in self._unwritten_deletes:
+            found = self._store.last_subject_seq(self.stream_id, subject, upper=found)
+        return found or 0
+
     def _advance_head(self) -> None:
         """Moves first_seq to the first stored message (last_seq + 1 when empty)."""
-        lower = keys.message_key(self.stream_id, max(self.record.first_seq, 1))
-        upper = keys.message_key(self.stream_id, self.record.last_seq + 1)
-        for key in self._storage.scan_keys(CF_MESSAGES, lower=lower, upper=upper):
-            self.record.first_seq = keys.message_seq(key)
-            return
-        self.record.first_seq = self.record.last_seq + 1
+        stored = self._store.message_seqs(self.stream_id, lower=max(self.record.first_seq, 1),
+                                          upper=self.record.last_seq + 1)
+        self.record.first_seq = next(stored, self.record.last_seq + 1)
 
-    def _remember(self, batch: WriteBatch, msg_id: str, *, seq: int, now_ms: int) -> None:
+    def _remember(self, batch: StoreBatch, msg_id: str, *, seq: int, now_ms: int) -> None:
         self.dedupe[msg_id] = (seq, now_ms)
         self.dedupe.move_to_end(msg_id)
-        batch.put(keys.dedupe_key(self.stream_id, msg_id), keys.pair(seq, now_ms),
-                  self._storage.handle(CF_DEDUPE))
+        batch.put_dedupe(self.stream_id, msg_id, seq=seq, ts_ms=now_ms)
 
     # ----------------------------------------------------------------- role
 
@@ -316,7 +294,7 @@ class StreamCore:
         self._wake_all()
 
     def become_replica(self) -> None:
-        """Follows a primary: refuses writes and reads; takes batches (accept_replicated).
+        """Follows a primary: refuses writes and reads; takes batches (stream_replica.py).
         The epoch is left alone so that the next batch still truncates an old tail."""
         if self.role != ROLE_REPLICA:
             self.primacy += 1

@@ -1,5 +1,5 @@
 """Publishing to one stream: drafts, the checks on each (subject, size, headers, msg_id
-dedupe, expected seqs), seq assignment into one unsynced WriteBatch, and the wait for the
+dedupe, expected seqs), seq assignment into one unsynced store batch, and the wait for the
 commit (durable here and, when replicated, on a majority of the stream's replicas).
 
 A publish assigns seqs and writes at once, then awaits the group commit; it is answered only
@@ -13,21 +13,13 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rocksdict import WriteBatch
-
 from raftlog.base import limits, subjects
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import storage_pb2
-from raftlog.node.engine import keys
-from raftlog.node.engine.storage import CF_DEDUPE, CF_MESSAGES, CF_SUBJECTS
+from raftlog.node.engine.store import StoreBatch
 from raftlog.node.engine.stream_core import SubjectStat
 from raftlog.node.engine.stream_retention import StreamRetention
 from raftlog.v1 import streams_pb2, types_pb2
-
-known_subjects_max = 10_000  # validated subjects remembered per stream
-commit_wait_s_max = 10.0  # a publish waits this long for a quorum before UNAVAILABLE
-commit_check_s = 0.1  # a waiting publish checks this often that a majority still answers
-
 
 # One message to publish, as the API hands it over: a batch entry or a request (their field
 # numbers agree, and a stored message is the draft's own bytes plus ts_ms and epoch).
@@ -58,8 +50,8 @@ class StreamPublishing(StreamRetention):
     """Publishing: the checks, seq assignment and commit wait of `Stream` (stream.py)."""
 
     def _subject_key(self, subject: str) -> tuple[bytes, int]:
-        """The subject's index key prefix and byte length, once the subject is known to be
-        acceptable to this stream."""
+        """The subject's ref in the store (`MessageStore.subject_ref`) and byte length, once the
+        subject is known to be acceptable to this stream."""
         known = self._known_subjects.get(subject)
         if known is not None:
             return known
@@ -70,9 +62,9 @@ class StreamPublishing(StreamRetention):
                 f"subject {subject!r} is not accepted by stream {self.name!r}",
                 subject=subject,
             )
-        if len(self._known_subjects) >= known_subjects_max:
+        if len(self._known_subjects) >= limits.known_subjects_max:
             self._known_subjects.clear()
-        known = (keys.index_prefix(self.stream_id, subject), len(subject.encode()))
+        known = (self._store.subject_ref(self.stream_id, subject), len(subject.encode()))
         self._known_subjects[subject] = known
         return known
 
@@ -134,15 +126,14 @@ class StreamPublishing(StreamRetention):
         seq, ts_ms = found
         return seq if ts_ms >= now_ms - self.dedupe_window_ms else None
 
-    def _expire_dedupe(self, batch: WriteBatch, now_ms: int) -> None:
+    def _expire_dedupe(self, batch: StoreBatch, now_ms: int) -> None:
         cutoff = now_ms - self.dedupe_window_ms
-        handle = self._storage.handle(CF_DEDUPE)
         while self.dedupe:
             msg_id, (_, ts_ms) = next(iter(self.dedupe.items()))
             if ts_ms >= cutoff and len(self.dedupe) <= limits.dedupe_entries_max:
                 return
             self.dedupe.popitem(last=False)
-            batch.delete(keys.dedupe_key(self.stream_id, msg_id), handle)
+            batch.delete_dedupe(self.stream_id, msg_id)
 
     def publish_staged(self, entries: Sequence[Draft]) -> tuple[
         list[Appended | RaftlogError], int
@@ -150,8 +141,9 @@ class StreamPublishing(StreamRetention):
         """Checks, assigns seqs and writes (unsynced) a batch; returns per-entry results and
         the seq that must be committed before any of them is acknowledged (0: none).
 
-        The hot path of the node: per message one subject lookup, one size check, the entry's
-        own bytes plus a shared tail (ts_ms, epoch) as the stored value, and two puts."""
+        The hot path of the node: per message one subject lookup, one size check, and the
+        entry's own bytes plus a shared tail (ts_ms, epoch) as the stored value; the messages
+        go to the store as runs (`StoreBatch.append`), one call per run."""
         if self.closed:
             raise RaftlogError(Reason.STREAM_NOT_FOUND, f"stream {self.name!r} was deleted")
         self._check_writable()
@@ -161,20 +153,20 @@ class StreamPublishing(StreamRetention):
         size_max = self.max_message_bytes
         check_limits = self._has_limits()
         record, stats = self.record, self.subject_stats
-        message_prefix = keys.stream_prefix(self.stream_id)
-        messages_cf = self._storage.handle(CF_MESSAGES)
-        subjects_cf = self._storage.handle(CF_SUBJECTS)
-        pack = keys.u64
         results: list[Appended | RaftlogError] = []
         wait_seq = 0
-        batch = self._storage.batch()
+        batch = self._store.batch()
         touched: set[str] = set()
+        # The run of messages not yet handed to the batch: seqs run_first.. in order.
+        run_first = record.last_seq + 1
+        values: list[bytes] = []
+        refs: list[bytes] = []
         for entry in entries:
             subject, msg_id = entry.subject, entry.msg_id
             expects = entry.HasField("expected_last_seq") or \
                 entry.HasField("expected_last_subject_seq")
             try:
-                index_prefix, size = self._subject_key(subject)
+                ref, size = self._subject_key(subject)
                 headers = entry.headers
                 size += len(entry.payload) + (self._headers_size(headers) if headers else 0)
                 if size > size_max or msg_id:
@@ -193,9 +185,8 @@ class StreamPublishing(StreamRetention):
             seq = record.last_seq + 1
             if expects or isinstance(entry, streams_pb2.PublishRequest):
                 entry = self._stored_form(entry)
-            seq_key = pack(seq)
-            batch.put(message_prefix + seq_key, entry.SerializeToString() + tail, messages_cf)
-            batch.put(index_prefix + seq_key, b"", subjects_cf)
+            values.append(entry.SerializeToString() + tail)
+            refs.append(ref)
             stat = stats.get(subject)
             if stat is None:
                 stats[subject] = SubjectStat(1, seq)
@@ -214,9 +205,14 @@ class StreamPublishing(StreamRetention):
             results.append(Appended(seq))
             wait_seq = seq
             if check_limits and self._over_limits(subject):
+                batch.append(self.stream_id, first_seq=run_first, values=values,
+                             subject_refs=refs)
+                run_first, values, refs = seq + 1, [], []
                 batch = self._write(batch, touched)
                 touched = set()
                 self._enforce_limits(subject)
+        if values:
+            batch.append(self.stream_id, first_seq=run_first, values=values, subject_refs=refs)
         if self.dedupe:
             self._expire_dedupe(batch, now_ms)
         self._write(batch, touched)
@@ -231,22 +227,22 @@ class StreamPublishing(StreamRetention):
 
     async def commit(self, wait_seq: int) -> None:
         """Waits until `wait_seq` is committed: durable here and, when replicated, on a
-        majority of the stream's replicas. NO_QUORUM after commit_wait_s_max; NOT_PRIMARY
-        when this node is deposed meanwhile."""
+        majority of the stream's replicas. NO_QUORUM after limits.publish_commit_wait_s_max;
+        NOT_PRIMARY when this node is deposed meanwhile."""
         if wait_seq <= self._commit_seq:
             return
         primacy = self.primacy
         target = self.record.last_seq
         if self.replicator is not None:
             self.replicator.kick()
-        await self._committer.durable()
+        await self._store.durable()
         self.durable_seq = max(self.durable_seq, target)
         self._check_primacy(primacy)
         if self.replicator is None:
             self._advance_commit(target)
             return
         self.replicator.on_local_durable()
-        deadline = asyncio.get_running_loop().time() + commit_wait_s_max
+        deadline = asyncio.get_running_loop().time() + limits.publish_commit_wait_s_max
         while self._commit_seq < wait_seq:
             self._check_primacy(primacy)
             remaining = deadline - asyncio.get_running_loop().time()
@@ -255,7 +251,7 @@ class StreamPublishing(StreamRetention):
                                    "on a majority of its replicas yet; retry with the same "
                                    "msg_id", stream=self.name, seq=wait_seq)
             await self.wait_for_commit(above_seq=self._commit_seq,
-                                       timeout_s=min(remaining, commit_check_s))
+                                       timeout_s=min(remaining, limits.publish_commit_check_s))
             if self._commit_seq < wait_seq and self.replicator is not None:
                 self.replicator.check_writable()  # cut off meanwhile: NO_QUORUM at once
 

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from raftlog.base import subjects
+from raftlog.base import limits, subjects
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import storage_pb2
-from raftlog.node.engine import keys
 from raftlog.node.engine.log import LogEntry
-from raftlog.node.engine.storage import CF_MESSAGES, CF_SUBJECTS
 from raftlog.node.engine.stream_core import StreamCore, to_entry, to_message
 from raftlog.v1 import streams_pb2, types_pb2
-
-scan_examined_max = 100_000  # messages one filtered scan looks at before it stops
 
 
 class StreamReads(StreamCore):
@@ -67,7 +63,7 @@ class StreamReads(StreamCore):
                 produced += 1
                 if produced >= limit:
                     return
-            if examined >= scan_examined_max:
+            if examined >= limits.scan_examined_max:
                 return
 
     def scan_subject(self, subject: str, *, from_seq: int, limit: int) -> tuple[
@@ -92,12 +88,8 @@ class StreamReads(StreamCore):
             if stat.last_seq <= self._commit_seq:
                 seq: int | None = stat.last_seq
             else:
-                lower = keys.index_prefix(self.stream_id, subject)
-                key = self._storage.last_key(
-                    CF_SUBJECTS, lower=lower,
-                    upper=keys.index_key(self.stream_id, subject, self._commit_seq + 1),
-                )
-                seq = keys.index_seq(key) if key else None
+                seq = self._store.last_subject_seq(self.stream_id, subject,
+                                                   upper=self._commit_seq + 1)
             stored = self._read_stored(seq) if seq else None
             if seq and stored is not None:
                 return to_message(self.name, seq, stored)
@@ -109,17 +101,12 @@ class StreamReads(StreamCore):
     def subjects_with_prefix(self, prefix: str, *, limit: int) -> tuple[
         list[streams_pb2.SubjectSummary], bool
     ]:
-        start = keys.summary_prefix(self.stream_id, prefix)
         found: list[streams_pb2.SubjectSummary] = []
-        for key, value in self._storage.scan(
-            CF_SUBJECTS, lower=start, upper=keys.prefix_end(start)
-        ):
+        for subject, count, last_seq in self._store.subjects(self.stream_id, prefix):
             if len(found) >= limit:
                 return found, True
-            count, last_seq = keys.read_pair(value)
-            found.append(streams_pb2.SubjectSummary(
-                subject=keys.summary_subject(key), messages=count, last_seq=last_seq
-            ))
+            found.append(streams_pb2.SubjectSummary(subject=subject, messages=count,
+                                                    last_seq=last_seq))
         return found, False
 
     def first_seq_at_or_after_time(self, ts_ms: int) -> int:
@@ -133,22 +120,18 @@ class StreamReads(StreamCore):
         for subject in self.subject_stats:
             if filter_subject and not subjects.matches(filter_subject, subject):
                 continue
-            key = self._storage.last_key(
-                CF_SUBJECTS, lower=keys.index_prefix(self.stream_id, subject),
-                upper=keys.index_key(self.stream_id, subject, self._commit_seq + 1),
-            )
-            if key is not None:
-                found.append(keys.index_seq(key))
+            seq = self._store.last_subject_seq(self.stream_id, subject,
+                                               upper=self._commit_seq + 1)
+            if seq is not None:
+                found.append(seq)
         return sorted(found)
 
     def count_matching(self, *, from_seq: int, filter_subject: str) -> int:
         if not filter_subject:
             if from_seq <= self.first_seq:
                 return self.record.messages
-            below = sum(1 for _ in self._storage.scan_keys(
-                CF_MESSAGES, lower=keys.message_key(self.stream_id, self.first_seq),
-                upper=keys.message_key(self.stream_id, from_seq),
-            ))
+            below = sum(1 for _ in self._store.message_seqs(
+                self.stream_id, lower=self.first_seq, upper=from_seq))
             return max(self.record.messages - below, 0)
         total = 0
         for subject in self.subject_stats:
@@ -163,10 +146,8 @@ class StreamReads(StreamCore):
         values: list[bytes] = []
         size = 0
         expected = from_seq
-        for key, value in self._storage.scan(
-                CF_MESSAGES, lower=keys.message_key(self.stream_id, from_seq),
-                upper=keys.message_key(self.stream_id, to_seq + 1)):
-            seq = keys.message_seq(key)
+        for seq, value in self._store.messages(self.stream_id, lower=from_seq,
+                                               upper=to_seq + 1):
             if values and size + len(value) > bytes_max:
                 return values
             values.extend([b""] * (seq - expected))

@@ -11,8 +11,6 @@ from __future__ import annotations
 from raftlog.base import limits, subjects
 from raftlog.base.errors import InvariantViolation
 from raftlog.internal import storage_pb2
-from raftlog.node.engine import keys
-from raftlog.node.engine.storage import CF_MESSAGES, CF_SUBJECTS
 from raftlog.node.engine.stream_core import StreamCore
 
 
@@ -38,7 +36,7 @@ class StreamRetention(StreamCore):
         config = self.config
         removed = 0
         touched: set[str] = set()
-        batch = self._storage.batch()
+        batch = self._store.batch()
         stat = self.subject_stats.get(subject)
         if config.max_msgs_per_subject and stat and stat.count > config.max_msgs_per_subject:
             excess = stat.count - config.max_msgs_per_subject
@@ -68,18 +66,18 @@ class StreamRetention(StreamCore):
             removed += self._enforce_limits(subject)
         removed += self._enforce_limits("")
         if removed:
-            await self._committer.durable()
+            await self._store.durable()
         return removed
 
     async def remove(self, seqs: list[int]) -> int:
-        batch = self._storage.batch()
+        batch = self._store.batch()
         touched: set[str] = set()
         removed = sum(self._delete_seq(batch, seq, touched) for seq in sorted(set(seqs))
                       if 0 < seq <= self._commit_seq)
         self._write(batch, touched)
         self._advance_head()
         if removed:
-            await self._committer.durable()
+            await self._store.durable()
         return removed
 
     async def expire(self, *, now_ms: int) -> int:
@@ -106,9 +104,8 @@ class StreamRetention(StreamCore):
     def _purge_candidates(self, subject: str, *, below_seq: int) -> list[int]:
         upper = min(below_seq - 1, self.last_seq) if below_seq else self.last_seq
         if not subject:
-            return [keys.message_seq(key) for key in self._storage.scan_keys(
-                CF_MESSAGES, lower=keys.message_key(self.stream_id, self.first_seq),
-                upper=keys.message_key(self.stream_id, upper + 1))]
+            return list(self._store.message_seqs(self.stream_id, lower=self.first_seq,
+                                                 upper=upper + 1))
         found: list[int] = []
         for name in list(self.subject_stats):
             if subjects.matches(subject, name):
@@ -117,15 +114,12 @@ class StreamRetention(StreamCore):
 
     async def _purge_all(self) -> int:
         purged = self.record.messages
-        batch = self._storage.batch()
-        batch.delete_range(keys.stream_prefix(self.stream_id), keys.stream_end(self.stream_id),
-                           self._storage.handle(CF_MESSAGES))
-        batch.delete_range(keys.stream_prefix(self.stream_id), keys.stream_end(self.stream_id),
-                           self._storage.handle(CF_SUBJECTS))
+        batch = self._store.batch()
+        batch.drop_messages(self.stream_id)
         self.subject_stats.clear()
         self.record.messages = 0
         self.record.bytes = 0
         self.record.first_seq = self.record.last_seq + 1
         self._write(batch, set())
-        await self._committer.durable()
+        await self._store.durable()
         return purged

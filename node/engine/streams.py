@@ -1,7 +1,7 @@
 """All streams of a node: lifecycle, lookup, the consumer hooks, and the retention sweep.
 
-The engine owns the `Stream` objects (stream.py) and the ConsumerManager's view of them.
-Runs on the event loop thread.
+The engine owns the `Stream` objects (stream.py) and the ConsumerManager's view of them, and
+keeps them in one `MessageStore` (store.py). Runs on the event loop thread.
 """
 
 from __future__ import annotations
@@ -15,16 +15,7 @@ from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import storage_pb2
-from raftlog.node.engine import keys
-from raftlog.node.engine.storage import (
-    CF_CONSUMERS,
-    CF_DEDUPE,
-    CF_MESSAGES,
-    CF_STREAM_STATE,
-    CF_SUBJECTS,
-    GroupCommitter,
-    Storage,
-)
+from raftlog.node.engine.store import MessageStore
 from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.stream_config import apply_update, validate_config
 from raftlog.node.engine.stream_publish import Appended, Draft
@@ -74,18 +65,18 @@ class StreamEngine:
     def __init__(
         self,
         *,
-        storage: Storage,
-        committer: GroupCommitter,
+        store: MessageStore,
         clock: Clock,
         consumers: ConsumerHooks,
         follow_raft: bool = False,
     ) -> None:
-        """With `follow_raft` (cluster mode) a stream serves nothing until the cluster gives
+        """The streams are kept in `store` (RocksMessageStore, or the in-memory twin).
+
+        With `follow_raft` (cluster mode) a stream serves nothing until the cluster gives
         it a role (Stream.become_primary / become_replica) and its commit seq starts at 0:
         what is stored here was not necessarily committed."""
         self._follow_raft = follow_raft
-        self._storage = storage
-        self._committer = committer
+        self._store = store
         self._clock = clock
         self.consumers = consumers
         self.streams: dict[str, Stream] = {}
@@ -97,19 +88,17 @@ class StreamEngine:
     # ----------------------------------------------------------------- startup
 
     def load(self) -> None:
-        raw = self._storage.get(CF_STREAM_STATE, keys.NEXT_STREAM_ID_KEY)
-        self._next_stream_id = keys.read_u64(raw) if raw else 1
-        for key, value in self._storage.scan(CF_STREAM_STATE, lower=b"\x01", upper=b"\xff"):
+        self._next_stream_id = self._store.next_stream_id()
+        for name, value in self._store.records():
             record = storage_pb2.StreamRecord.FromString(value)
-            if record.config.name != key.decode():
-                raise RaftlogError(Reason.CORRUPT_RECORD, f"stream record {key!r} names "
+            if record.config.name != name:
+                raise RaftlogError(Reason.CORRUPT_RECORD, f"stream record {name!r} names "
                                    f"{record.config.name!r}")
             self._attach(record).load()
         log.info("loaded %d streams", len(self.streams))
 
     def _attach(self, record: storage_pb2.StreamRecord) -> Stream:
-        stream = Stream(storage=self._storage, committer=self._committer, clock=self._clock,
-                        record=record)
+        stream = Stream(store=self._store, clock=self._clock, record=record)
         if self._follow_raft:
             stream.become_replica()
             stream.reset_commit_seq()
@@ -154,22 +143,21 @@ class StreamEngine:
             raise RaftlogError(Reason.STREAM_EXISTS,
                                f"stream {config.name!r} exists with a different config",
                                stream=config.name)
-        if len(self.streams) >= limits.streams_max:
+        if len(self.streams) >= limits.streams_per_node_max:
             raise RaftlogError(Reason.TOO_MANY_STREAMS,
-                               f"a node holds at most {limits.streams_max} streams",
-                               limit=limits.streams_max)
+                               f"a node holds at most {limits.streams_per_node_max} streams",
+                               limit=limits.streams_per_node_max)
         record = storage_pb2.StreamRecord(
             stream_id=self._next_stream_id, config=config, created_ms=self._clock.wall_ms(),
             first_seq=1, last_seq=0, epoch=1,
         )
         self._next_stream_id += 1
-        batch = self._storage.batch()
-        state = self._storage.handle(CF_STREAM_STATE)
-        batch.put(keys.NEXT_STREAM_ID_KEY, keys.u64(self._next_stream_id), state)
-        batch.put(config.name.encode(), record.SerializeToString(), state)
-        self._storage.write(batch)
+        batch = self._store.batch()
+        batch.put_next_stream_id(self._next_stream_id)
+        batch.put_record(config.name, record.SerializeToString())
+        self._store.write(batch)
         self._attach(record)
-        await self._committer.durable()
+        await self._store.durable()
         return self.info(config.name)
 
     async def update(self, request: streams_pb2.UpdateStreamRequest) -> tuple[
@@ -191,11 +179,10 @@ class StreamEngine:
             self.consumers.update_stream_subjects(name, list(config.subjects))
             pruned = await stream.enforce_limits()
             pruned += await stream.expire(now_ms=self._clock.wall_ms())
-            batch = self._storage.batch()
-            batch.put(name.encode(), stream.record.SerializeToString(),
-                      self._storage.handle(CF_STREAM_STATE))
-            self._storage.write(batch)
-            await self._committer.durable()
+            batch = self._store.batch()
+            batch.put_record(name, stream.record.SerializeToString())
+            self._store.write(batch)
+            await self._store.durable()
             self._pruned_by_config[name] = self._pruned_by_config.get(name, 0) + pruned
             return pruned
 
@@ -212,13 +199,10 @@ class StreamEngine:
         self._config_locks.pop(name, None)
         self._pruned_by_config.pop(name, None)
         self.consumers.detach_stream(name)
-        batch = self._storage.batch()
-        lower, upper = keys.stream_prefix(stream.stream_id), keys.stream_end(stream.stream_id)
-        for cf in (CF_MESSAGES, CF_SUBJECTS, CF_DEDUPE, CF_CONSUMERS):
-            batch.delete_range(lower, upper, self._storage.handle(cf))
-        batch.delete(name.encode(), self._storage.handle(CF_STREAM_STATE))
-        self._storage.write(batch)
-        await self._committer.durable()
+        batch = self._store.batch()
+        batch.delete_stream(stream.stream_id, name)
+        self._store.write(batch)
+        await self._store.durable()
 
     async def purge(self, request: streams_pb2.PurgeStreamRequest) -> int:
         stream = self.get(request.name)

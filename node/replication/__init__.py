@@ -7,6 +7,8 @@
             implementation (the Replicate call on the peer listener).
 - `memory_link` the in-memory implementation: simulated nodes of one process, with faults
             (cut, drop, delay), for tests.
-- `replica` the replica's side of one stream: checking a batch and applying it; fencing.
+- `replica` the replica side's rules, by name (they live in the engine, which applies them:
+            engine/replica_batch.py, engine/stream_replica.py; the bounds of a batch are the
+            `replication_*` names in base/limits.py).
 - `service` the Replication gRPC service on the peer listener.
 """

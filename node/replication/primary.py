@@ -4,25 +4,29 @@ the commit rule, and the read lease.
 - One `PeerLink` per replica node: a long-lived bidirectional Replicate call shared by every
   stream this node leads there, opened through a `LinkTransport` (node/replication/links.py:
   gRPC on the peer listener in a node, in memory in tests). The link, not the stream,
-  heartbeats (every `heartbeat_s`, carrying the commit seqs that moved since), times out (a
-  request unanswered for `request_timeout_s` restarts the call), and keeps the clock of the
-  lease: the send time of the latest request the replica acknowledged. Requests and acks
-  travel in order on one call.
+  heartbeats (every `limits.replication_heartbeat_s`, carrying the commit seqs that moved
+  since), times out (a request unanswered for `limits.replication_request_timeout_s` restarts
+  the call), and keeps the clock of the lease: the send time of the latest request the replica
+  acknowledged. Requests and acks travel in order on one call.
 - One `StreamReplicator` per stream this node leads (replication factor > 1). It does work only
   when there is some: data not yet sent, a replica whose position is unknown, removals to pass
-  on. For each replica up to `inflight_max` batches in flight, each carrying everything not yet
-  sent (so batches grow with load); catch-up from the replica's own last seq (SEQ_GAP tells
-  it), re-seed when the replica needs seqs this node no longer holds. An idle stream costs
-  nothing, so thousands of them cost nothing either.
+  on. For each replica up to `limits.replication_inflight_max` batches in flight, each
+  carrying everything not yet sent (so batches grow with load); catch-up from the replica's own
+  last seq (SEQ_GAP tells it), re-seed when the replica needs seqs this node no longer holds.
+  An idle stream costs nothing, so thousands of them cost nothing either.
 - Commit rule (G1): a seq is committed once a majority of the replica set (this node
   included, counting only its fsynced seqs) holds it at the current fence epoch.
 - Fencing (G3): a refusal that names a newer epoch deposes this primary at once, and so does a
   replica's notice that a survey fenced the stream there (pushed on the same call, in order).
 - Lease: reads are served only while a majority of the stream's replica set acknowledged, on
-  their links, a request *sent* within `lease_s`; a replica fenced above this primary's epoch
-  notifies it before it acknowledges anything sent later, so the lease never outlives a fence
-  by more than that. Failover waits longer than `lease_s` of silence before it picks a
-  successor. Writes fail fast (NO_QUORUM) once the lease has lapsed.
+  their links, a request *sent* within `limits.primary_lease_s`; a replica fenced above this
+  primary's epoch notifies it before it acknowledges anything sent later, so the lease never
+  outlives a fence by more than that. Failover waits longer than the lease of silence
+  (`limits.failover_after_s`) before it picks a successor. Writes fail fast (NO_QUORUM) once
+  the lease has lapsed.
+
+The timings and sizes are the `replication_*` names (and `primary_lease_s`,
+`heartbeat_commits_sent_max`) in base/limits.py.
 """
 
 from __future__ import annotations
@@ -34,26 +38,14 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.engine.stream import Stream
 from raftlog.node.replication.links import LinkCall, LinkReset, LinkTransport
-from raftlog.node.replication.replica import removed_seqs_max
 
 log = logging.getLogger(__name__)
-
-lease_s = 0.5  # reads need a majority ack of a request sent this recently
-heartbeat_s = 0.05  # an idle link carries a heartbeat this often
-request_timeout_s = 2.0  # a request not acknowledged by then restarts the link
-reconnect_backoff_s = 0.1  # between attempts to reopen a link
-batch_bytes_max = 1024 * 1024  # stored bytes in one replication batch
-batch_messages_max = 10_000  # messages in one replication batch
-link_queue_max = 10_000  # requests waiting on one link
-inflight_max = 4  # batches sent to one replica and not yet acknowledged
-heartbeat_commits_max = 5_000  # commit notices one heartbeat carries (the rest: the next)
-refused_retry_s = 0.1  # a replica that refused a batch (other than a gap) is asked again then
-wake_per_tick_max = 2_000  # waiting streams one link kicks per tick once it has room
 
 
 def majority(count: int) -> int:
@@ -83,7 +75,7 @@ class PeerLink:
         self._on_ack = on_ack
         self._on_reset = on_reset
         self._queue: asyncio.Queue[replication_pb2.ReplicateRequest] = asyncio.Queue(
-            link_queue_max)
+            limits.replication_link_queue_max)
         self._task: asyncio.Task[None] | None = None
         self._call: LinkCall | None = None
         self._restarting = False
@@ -131,21 +123,24 @@ class PeerLink:
         probe whose answer connects the link); restart a stalled call; wake the streams that
         wait for room or for the connection."""
         now = self._clock.monotonic_s()
-        if self._sent and now - self._sent[0][1] > request_timeout_s:
+        if self._sent and now - self._sent[0][1] > limits.replication_request_timeout_s:
             log.info("replication link to %s: no answer for %.1f s; reconnecting",
                      self.node_id, now - self._sent[0][1])
             self.restart()
             return
         if self._call is not None and (
-                (self.connected and (now - self.last_sent_s >= heartbeat_s or self.commits))
+                (self.connected and (now - self.last_sent_s >= limits.replication_heartbeat_s
+                                     or self.commits))
                 or (not self.connected and not self._sent)):
             heartbeat = replication_pb2.ReplicateRequest(primary=self._self_id)
-            for name in list(self.commits)[:heartbeat_commits_max if self.connected else 0]:
+            carried = limits.heartbeat_commits_sent_max if self.connected else 0
+            for name in list(self.commits)[:carried]:
                 epoch, commit_seq = self.commits.pop(name)
                 heartbeat.commits.add(stream=name, epoch=epoch, commit_seq=commit_seq)
             self.send(heartbeat, probe=True)
-        if self.connected and self.waiting and self._queue.qsize() < link_queue_max // 2:
-            for _ in range(min(len(self.waiting), wake_per_tick_max)):
+        if self.connected and self.waiting \
+                and self._queue.qsize() < limits.replication_link_queue_max // 2:
+            for _ in range(min(len(self.waiting), limits.replication_wakes_per_tick_max)):
                 replicator = self.waiting.pop()
                 if not replicator.stopped:
                     replicator.kick()
@@ -170,7 +165,7 @@ class PeerLink:
             was_connected = False
             # A queue per call: the request generator of a call that failed may still wait on
             # its queue, and must not take what is meant for the next call.
-            self._queue = asyncio.Queue(link_queue_max)
+            self._queue = asyncio.Queue(limits.replication_link_queue_max)
             try:
                 self._call = self._transport.open(self.node_id, self._requests(self._queue))
                 async for ack in self._call.acks():
@@ -190,7 +185,7 @@ class PeerLink:
             self._sent.clear()  # requests queued for a broken call are lost; streams resend
             if was_connected:  # its streams sent on it: they ask again once it is back
                 self._on_reset(self.node_id)
-            await asyncio.sleep(reconnect_backoff_s)
+            await asyncio.sleep(limits.replication_reconnect_backoff_s)
 
 
 @dataclass
@@ -250,7 +245,8 @@ class StreamReplicator:
         if self.lease_remaining_s(writes=True) <= 0:
             raise RaftlogError(Reason.NO_QUORUM, f"the primary of {self.stream.name!r} cannot "
                                "reach a majority of its replicas; retry with the same msg_id",
-                               stream=self.stream.name, retry_after_ms=int(lease_s * 1000))
+                               stream=self.stream.name,
+                               retry_after_ms=int(limits.primary_lease_s * 1000))
 
     # --- lease and commit
 
@@ -258,7 +254,7 @@ class StreamReplicator:
         now = self._clock.monotonic_s()
         contacts = sorted([now, *(self._links.acked_sent_s(n, opened_counts=writes)
                                   for n in self.progress)], reverse=True)
-        return contacts[majority(self.replica_count) - 1] + lease_s - now
+        return contacts[majority(self.replica_count) - 1] + limits.primary_lease_s - now
 
     def _recompute_commit(self) -> None:
         positions = sorted([self.stream.durable_seq,
@@ -279,8 +275,9 @@ class StreamReplicator:
     # --- sending
 
     def _maybe_send(self, progress: ReplicaProgress) -> None:
-        """Sends the next batch to one replica, pipelined up to inflight_max batches."""
-        if self.stopped or len(progress.inflight) >= inflight_max:
+        """Sends the next batch to one replica, pipelined up to
+        limits.replication_inflight_max batches."""
+        if self.stopped or len(progress.inflight) >= limits.replication_inflight_max:
             return
         if progress.next_seq is None and progress.inflight:
             return  # a probe is out; wait for the replica's position
@@ -291,7 +288,7 @@ class StreamReplicator:
             progress.next_seq = stream.first_seq
         unsent = progress.next_seq is not None and progress.next_seq <= stream.last_seq
         removed = stream.removed_log[progress.removed_sent:
-                                     progress.removed_sent + removed_seqs_max]
+                                     progress.removed_sent + limits.replication_removed_seqs_max]
         if not (unsent or removed or progress.next_seq is None):
             return
         request = replication_pb2.ReplicateRequest(
@@ -301,8 +298,9 @@ class StreamReplicator:
         if unsent and progress.next_seq is not None:
             values = stream.stored_values(
                 from_seq=progress.next_seq,
-                to_seq=min(stream.last_seq, progress.next_seq + batch_messages_max - 1),
-                bytes_max=batch_bytes_max)
+                to_seq=min(stream.last_seq,
+                           progress.next_seq + limits.replication_batch_messages_max - 1),
+                bytes_max=limits.replication_batch_bytes_max)
             request.messages.extend(values)
             request.checksum = zlib.crc32(b"".join(values))
         if removed:
@@ -368,8 +366,10 @@ class StreamReplicator:
             self._maybe_send(progress)
             return
         log.info("stream %s: replica %s refused a batch: %s %s; asking again in %.1f s",
-                 self.stream.name, progress.node_id, ack.refused, ack.message, refused_retry_s)
-        self._links.retry(self, after_s=refused_retry_s)  # e.g. its copy is being created
+                 self.stream.name, progress.node_id, ack.refused, ack.message,
+                 limits.replication_refused_retry_s)
+        # e.g. its copy is being created
+        self._links.retry(self, after_s=limits.replication_refused_retry_s)
 
     def _trim_removed_log(self) -> None:
         done = min(p.removed_cursor for p in self.progress.values())
@@ -510,7 +510,7 @@ class ReplicationManager:
 
     async def _tick_forever(self) -> None:
         while True:
-            await asyncio.sleep(heartbeat_s / 2)
+            await asyncio.sleep(limits.replication_heartbeat_s / 2)
             try:
                 self.links.tick()
             except Exception:

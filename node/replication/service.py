@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.internal import replication_pb2, replication_pb2_grpc
 from raftlog.node.engine.storage import GroupCommitter
@@ -26,12 +27,6 @@ from raftlog.node.transport.credentials import Credential
 
 log = logging.getLogger(__name__)
 
-read_local_limit_max = 10_000
-group_requests_max = 64  # batches of one call that share an fsync
-requests_waiting_max = 256  # batches read ahead of the one being applied
-survey_streams_max = 10_000  # streams one Survey call names
-nonce_bytes_max = 64  # of a Ping's challenge
-heartbeat_commits_max = 10_000  # commit notices applied from one heartbeat
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -73,7 +68,8 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         queue: asyncio.Queue[replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck
                              | None] = asyncio.Queue()
         primaries: list[str] = []  # the primary this call comes from, once it said
-        slots = asyncio.Semaphore(requests_waiting_max)  # requests read ahead (notices: free)
+        # requests read ahead (notices: free)
+        slots = asyncio.Semaphore(limits.replicate_requests_waiting_max)
 
         async def read() -> None:
             async for request in request_iterator:
@@ -103,7 +99,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                     yield first  # a fence notice, in order with the answers
                     continue
                 batch = [first]
-                while not queue.empty() and len(batch) < group_requests_max:
+                while not queue.empty() and len(batch) < limits.replicate_group_requests_max:
                     following = take()
                     if following is None:
                         ended = True
@@ -158,7 +154,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
     def _heartbeat(self, request: replication_pb2.ReplicateRequest
                    ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
         """A link heartbeat: apply its commit notices; its ack keeps the primary's lease."""
-        for notice in request.commits[:heartbeat_commits_max]:
+        for notice in request.commits[:limits.heartbeat_commits_applied_max]:
             stream = self._engine.streams.get(notice.stream)
             if stream is not None and notice.epoch == stream.record.epoch \
                     and notice.epoch >= stream.record.fenced_epoch:
@@ -240,9 +236,10 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
     async def Survey(self, request: replication_pb2.SurveyRequest,
                      context: Context) -> replication_pb2.SurveyReply:
         """Many GetReplicaState calls in one: all fences share one fsync, then every state."""
-        if len(request.streams) > survey_streams_max:
+        if len(request.streams) > limits.survey_streams_max:
             raise RaftlogError(Reason.BATCH_TOO_LARGE, f"a survey names at most "
-                               f"{survey_streams_max} streams", limit=survey_streams_max)
+                               f"{limits.survey_streams_max} streams",
+                               limit=limits.survey_streams_max)
         refused: dict[int, RaftlogError] = {}
         fenced = False
         for index, item in enumerate(request.streams):
@@ -263,7 +260,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
     @rpc.unary
     async def ReadLocal(self, request: replication_pb2.ReadLocalRequest,
                         context: Context) -> replication_pb2.ReadLocalResponse:
-        limit = min(request.limit or read_local_limit_max, read_local_limit_max)
+        limit = min(request.limit or limits.read_local_limit_max, limits.read_local_limit_max)
         stream = self._engine.streams.get(request.stream)
         reply = replication_pb2.ReadLocalResponse(state=self._state(request.stream))
         if stream is None:
@@ -271,7 +268,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         first = max(request.from_seq, stream.first_seq)
         values = stream.stored_values(from_seq=first,
                                       to_seq=min(stream.last_seq, first + limit - 1),
-                                      bytes_max=64 * 1024 * 1024)
+                                      bytes_max=limits.read_local_bytes_max)
         reply.messages.extend(replication_pb2.LocalMessage(seq=first + i, stored=value)
                               for i, value in enumerate(values) if value)
         return reply
@@ -280,6 +277,6 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                    context: Context) -> replication_pb2.PingReply:
         reply = self._health()
         if request.nonce and self._credential is not None:
-            reply.proof = self._credential.prove(request.nonce[:nonce_bytes_max],
+            reply.proof = self._credential.prove(request.nonce[:limits.ping_nonce_bytes_max],
                                                  principal=self._node_id)
         return reply

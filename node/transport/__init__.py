@@ -2,7 +2,9 @@
 `raftlog.base` and the protos.
 
 - `rpc`           the one mapping between `RaftlogError` and gRPC status + ErrorInfo.
-- `forwarding`    the channel pool and the forwarder of per-stream calls.
+- `calls`         what an incoming call carries on: deadline, hop count, metadata.
+- `channels`      the pool of channels to other nodes' client ports.
+- `forwarding`    the one forwarder: a canonical call to the node that serves it.
 - `credentials`   the cluster secret and the call tokens made from it.
 - `peer`          the peer listener's gate and the client of other nodes' peer listeners.
 - `malformed`     undecodable requests answered INVALID_ARGUMENT.

@@ -10,13 +10,12 @@ placement require. It is never sent: a caller sends a *token* in call metadata,
 
 where `key` is derived from the secret (so the Raft password and the token key differ), and
 `method` is the full gRPC method path: a token for one method is not valid for another. A token
-older or newer than `token_skew_ms_max` is refused. Within that window a token could be replayed
-by someone who can read the traffic; TLS (a later issue) closes that.
+older or newer than `limits.call_token_skew_ms_max` is refused. Within that window a token
+could be replayed by someone who can read the traffic; TLS (a later issue) closes that.
 
-Secret strength: at least `secret_entropy_bits_min` bits by a conservative estimate (length
-times log2 of the alphabet the secret's characters come from, capped by its deflated size so
-that repetition does not pass). `generate_secret()` gives
-64 hex digits (256 bits).
+Secret strength: at least `limits.secret_entropy_bits_min` bits by a conservative estimate
+(length times log2 of the alphabet the secret's characters come from, capped by its deflated
+size so that repetition does not pass). `generate_secret()` gives 64 hex digits (256 bits).
 """
 
 from __future__ import annotations
@@ -31,13 +30,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.base import limits
 from raftlog.base.clock import Clock, SystemClock
 from raftlog.base.errors import RaftlogError, Reason
 
-secret_entropy_bits_min = 256  # 32 bytes
-secret_bytes_max = 4096
-token_skew_ms_max = 60_000  # a token this far from the receiver's clock is refused
-token_bytes_max = 512
 TOKEN_VERSION = "v1"
 PEER_TOKEN_HEADER = "raftlog-peer-token"  # on node-to-node calls (the peer listener)
 ADMIN_TOKEN_HEADER = "raftlog-admin-token"  # on admin calls that change the cluster
@@ -74,18 +70,19 @@ def estimate_entropy_bits(secret: str) -> float:
 
 def check_secret(secret: str) -> None:
     """Raises WeakSecret when the secret is too weak; the message says how to make one."""
-    if len(secret.encode()) > secret_bytes_max:
-        raise WeakSecret(f"the cluster secret is longer than {secret_bytes_max} bytes")
+    if len(secret.encode()) > limits.secret_bytes_max:
+        raise WeakSecret(f"the cluster secret is longer than {limits.secret_bytes_max} bytes")
     bits = estimate_entropy_bits(secret)
-    if bits < secret_entropy_bits_min:
+    if bits < limits.secret_entropy_bits_min:
         raise WeakSecret(
             f"the cluster secret has about {bits:.0f} bits of entropy; at least "
-            f"{secret_entropy_bits_min} (32 random bytes) are required. Make one with "
+            f"{limits.secret_entropy_bits_min} ({limits.secret_entropy_bits_min // 8} random "
+            "bytes) are required. Make one with "
             "`raftlog cluster secret > FILE` (64 random hex digits)")
 
 
 def generate_secret() -> str:
-    return secrets.token_hex(secret_entropy_bits_min // 8)
+    return secrets.token_hex(limits.secret_entropy_bits_min // 8)
 
 
 def read_secret_file(path: Path) -> str:
@@ -159,7 +156,7 @@ class Credential:
         """The token's principal; raises RaftlogError(UNAUTHENTICATED) for anything else."""
         if not token:
             raise _refused("this call needs the cluster credential", method)
-        if len(token) > token_bytes_max:
+        if len(token) > limits.call_token_bytes_max:
             raise _refused("the credential token is too long", method)
         parts = token.split(".")
         if len(parts) != 5 or parts[0] != TOKEN_VERSION or not parts[2].isdigit():
@@ -169,9 +166,9 @@ class Credential:
         if not hmac.compare_digest(expected, mac):
             raise _refused("the credential token is not signed with this cluster's secret",
                            method)
-        if abs(self._clock.wall_ms() - int(ts_text)) > token_skew_ms_max:
-            raise _refused(f"the credential token is more than {token_skew_ms_max} ms away "
-                           "from this node's clock", method)
+        if abs(self._clock.wall_ms() - int(ts_text)) > limits.call_token_skew_ms_max:
+            raise _refused(f"the credential token is more than {limits.call_token_skew_ms_max} "
+                           "ms away from this node's clock", method)
         return Verified(principal=principal)
 
 

@@ -1,259 +1,140 @@
-"""Any node serves any request: a server interceptor sends every per-stream call to the
-stream's primary, over a pooled channel, with a hop limit, the caller's deadline and metadata.
+"""The one forwarder: sends a canonical request to the node that serves it (a stream's primary,
+the Raft leader, each primary of a split PublishStream, every node of a fan-out) and gives back
+its answer, or its failure as the RaftlogError that node raised.
 
-The services themselves know nothing of this: the interceptor wraps their handlers. A call is
-served locally when the router says this node is the primary; otherwise its request is sent
-on as is, and the primary's answer (or its status, ErrorInfo included) is relayed unchanged.
+Callers name the call by its canonical method path (`Forward`, kept by the operations layer),
+never by the front-end method that received it. A forwarded call carries the caller's deadline
+(or limits.forward_timeout_s_default), its metadata and a hop count (calls.py); while it waits, it
+checks every limits.forward_check_s that the node it waits on still answers, so a silent node
+fails the call fast instead of at the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.transport import rpc
+from raftlog.node.transport.calls import Call
+from raftlog.node.transport.channels import ChannelPool
 
 log = logging.getLogger(__name__)
 
-HOPS_HEADER = "raftlog-hops"
-hops_max = 3  # a call forwarded more often than this is refused (HOP_LIMIT)
-forward_timeout_s_default = 30.0  # when the caller set no deadline
-forward_check_s = 0.1  # a forwarded call checks this often that the primary still answers
-channels_max = 64  # pooled channels to other nodes; the least recently used is closed beyond
-reconnect_backoff_ms = 100
-reconnect_backoff_ms_max = 1000
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
-# Channels for relayed server streams (Subscribe): without the BDP probe a stream's receive window
-# stays at gRPC's 64 KiB, so a relay whose client does not read holds at most that much of the
-# primary's answer, not the megabytes a grown window lets in.
-STREAM_RELAY_OPTIONS: list[tuple[str, Any]] = [("grpc.http2.bdp_probe", 0)]
-
-Context = grpc.aio.ServicerContext[Any, Any]
+Resp = TypeVar("Resp")
 
 
-def _name(request: Any) -> str:
-    return str(request.name)
+@dataclass(frozen=True)
+class Forward(Generic[Resp]):
+    """A canonical call: its method path and how to read its answer."""
+
+    path: str
+    parse: Callable[[bytes], Resp]
 
 
-def _stream(request: Any) -> str:
-    return str(request.stream)
-
-
-def _config_name(request: Any) -> str:
-    return str(request.config.name)
-
-
-# Per-stream methods and where their request names the stream.
-ROUTED: dict[str, Callable[[Any], str]] = {
-    "/raftlog.v1.Streams/CreateStream": _config_name,
-    "/raftlog.v1.Streams/UpdateStream": _name,
-    "/raftlog.v1.Streams/DeleteStream": _name,
-    "/raftlog.v1.Streams/GetStreamInfo": _name,
-    "/raftlog.v1.Streams/PurgeStream": _name,
-    "/raftlog.v1.Streams/GetMessage": _stream,
-    "/raftlog.v1.Streams/ReadLatestAtSubject": _stream,
-    "/raftlog.v1.Streams/ListSubjectsByPrefix": _stream,
-    "/raftlog.v1.Streams/ScanExactAtSubject": _stream,
-    "/raftlog.v1.Streams/Publish": _stream,
-    "/raftlog.v1.Streams/PublishBatch": _stream,
-    "/raftlog.v1.Consumers/CreateConsumer": _stream,
-    "/raftlog.v1.Consumers/DeleteConsumer": _stream,
-    "/raftlog.v1.Consumers/ListConsumers": _stream,
-    "/raftlog.v1.Consumers/GetConsumerInfo": _stream,
-    "/raftlog.v1.Consumers/Fetch": _stream,
-    "/raftlog.v1.Consumers/Ack": _stream,
-    "/raftlog.v1.Consumers/Nak": _stream,
-    "/raftlog.v1.Consumers/Term": _stream,
-    "/raftlog.v1.Consumers/InProgress": _stream,
-    "/raftlog.v1.Consumers/Subscribe": _stream,
-}
-
-
-class Router(Protocol):
-    def primary_address(self, stream: str) -> str | None:
-        """gRPC address of the stream's primary; None when it is this node. Raises
-        RaftlogError (UNAVAILABLE) when no node can be named."""
-        ...
-
+class Liveness(Protocol):
     def unreachable(self, address: str) -> RaftlogError | None:
         """Why a call forwarded to `address` should stop waiting (the node there went
         silent), or None."""
         ...
 
 
-class ChannelPool:
-    """Long-lived channels to other nodes, at most channels_max of them."""
+class RemoteStatus(RaftlogError):
+    """A forwarded call failed with a status that carries no raftlog ErrorInfo (e.g. the
+    deadline passed on the way): the same status code, reason FORWARD_FAILED."""
 
-    def __init__(self, *, options: list[tuple[str, Any]] | None = None) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        merged = dict([
-            ("grpc.max_receive_message_length", -1),
-            ("grpc.max_send_message_length", -1),
-            # A node that restarts is reachable again within a second, not after grpc's
-            # default backoff of up to two minutes.
-            ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_ms),
-            ("grpc.min_reconnect_backoff_ms", reconnect_backoff_ms),
-            ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
-        ])
-        merged.update(options or ())  # the caller's options replace the defaults
-        self._options = list(merged.items())
+    def __init__(self, code: grpc.StatusCode, message: str, *, address: str) -> None:
+        super().__init__(Reason.FORWARD_FAILED, message, address=address)
+        self._code_name = code.name
 
-    def get(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.pop(address, None)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-            if len(self._channels) >= channels_max:
-                oldest = next(iter(self._channels))
-                self._channels.pop(oldest)
-        self._channels[address] = channel
-        return channel
-
-    async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close()
+    @property
+    def status_name(self) -> str:
+        return self._code_name
 
 
 def _serialize(message: Any) -> bytes:
-    return message if isinstance(message, bytes) else bytes(message.SerializeToString())
+    return bytes(message.SerializeToString())
 
 
-def _relay_serializer(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes]:
-    """Serializes a local answer as the service would, and passes a relayed one through."""
-    def serialize(message: Any) -> bytes:
-        if isinstance(message, bytes):
-            return message
-        return serializer(message) if serializer is not None else _serialize(message)
-    return serialize
-
-
-def outgoing_metadata(context: Context) -> list[tuple[str, str]]:
-    """The caller's metadata to send on, with the hop count raised; HOP_LIMIT past hops_max."""
-    hops = 0
-    forwarded: list[tuple[str, str]] = []
-    for key, value in context.invocation_metadata() or ():
-        if key == HOPS_HEADER:
-            hops = int(value) if str(value).isdigit() else hops_max
-        elif not key.startswith(("grpc-", ":")) and key not in ("user-agent", "te",
-                                                               "content-type"):
-            forwarded.append((key, value if isinstance(value, str) else value.decode()))
-    if hops >= hops_max:
-        raise RaftlogError(Reason.HOP_LIMIT,
-                           f"the call was forwarded {hops} times without reaching the primary",
-                           hops=hops)
-    forwarded.append((HOPS_HEADER, str(hops + 1)))
-    return forwarded
-
-
-def remaining_s(context: Context) -> float:
-    remaining = context.time_remaining()
-    return forward_timeout_s_default if remaining is None else max(remaining, 0.001)
-
-
-async def relay_error(context: Context, err: grpc.aio.AioRpcError, address: str) -> None:
-    trailing = tuple(err.trailing_metadata() or ())
-    if any(key == _STATUS_DETAILS_KEY for key, _ in trailing):
-        await context.abort(err.code(), err.details() or "", trailing)
+def remote_error(err: grpc.aio.AioRpcError, address: str) -> RaftlogError:
+    """What a forwarded call's failure means here: the remote node's own error when it sent
+    one, FORWARD_FAILED when the node could not be reached, else its status as it was."""
+    raised = rpc.from_rpc_error(err)
+    if raised is not None:
+        return raised
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-        await rpc.abort(context, RaftlogError(
-            Reason.FORWARD_FAILED, f"cannot reach the stream's primary at {address}: "
-            f"{err.details()}", address=address))
-    await context.abort(err.code(), err.details() or "", trailing)
+        return RaftlogError(Reason.FORWARD_FAILED, f"cannot reach the node serving the call at "
+                            f"{address}: {err.details()}", address=address)
+    return RemoteStatus(err.code(), err.details() or err.code().name, address=address)
 
 
-class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, router: Router, pool: ChannelPool, *,
+class Forwarder:
+    """`stream_pool` (default `pool`) carries relayed server streams (channels.py's
+    STREAM_RELAY_OPTIONS)."""
+
+    def __init__(self, pool: ChannelPool, liveness: Liveness, *,
                  stream_pool: ChannelPool | None = None) -> None:
-        """`stream_pool` (default `pool`) carries relayed server streams; see
-        STREAM_RELAY_OPTIONS."""
-        self._router = router
         self._pool = pool
+        self._liveness = liveness
         self._stream_pool = stream_pool or pool
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        # The handler types of grpc's stubs describe the sync API; these handlers are aio.
-        handler: Any = await continuation(details)
-        method: str = details.method  # type: ignore[attr-defined]
-        pick = ROUTED.get(method)
-        if handler is None or pick is None:
-            return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, pick, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=_relay_serializer(handler.response_serializer),
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._server_stream(method, pick, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=_relay_serializer(handler.response_serializer),
-            )
-        return handler
+    async def unary(self, address: str, call: Forward[Resp], request: Any, via: Call, *,
+                    timeout_s: float | None = None,
+                    headers: Iterable[tuple[str, str]] = ()) -> Resp:
+        """The answer of `address` to `request`; its failure raised as a RaftlogError."""
+        metadata = [*via.outgoing(), *headers]
+        method: Any = self._pool.get(address).unary_unary(
+            call.path, request_serializer=_serialize, response_deserializer=call.parse)
+        pending = asyncio.ensure_future(method(
+            request, timeout=timeout_s or via.timeout_s(), metadata=metadata))
+        try:
+            return await self._watch(pending, address)
+        except grpc.aio.AioRpcError as err:
+            raise remote_error(err, address) from None
+        finally:
+            pending.cancel()
 
-    def _unary(self, method: str, pick: Callable[[Any], str],
-               local: Callable[[Any, Context], Awaitable[Any]]
-               ) -> Callable[[Any, Context], Awaitable[Any]]:
-        async def behavior(request: Any, context: Context) -> Any:
-            try:
-                address = self._router.primary_address(pick(request))
-                if address is None:
-                    return await local(request, context)
-                metadata = outgoing_metadata(context)
-            except RaftlogError as err:
-                await rpc.abort(context, err)
-                raise
-            call: Any = self._pool.get(address).unary_unary(
-                method, request_serializer=_serialize, response_deserializer=None)
-            pending = asyncio.ensure_future(
-                call(request, timeout=remaining_s(context), metadata=metadata))
-            try:
-                while True:
-                    done, _ = await asyncio.wait({pending}, timeout=forward_check_s)
-                    if done:
-                        return pending.result()
-                    gone = self._router.unreachable(address)
-                    if gone is not None:  # do not wait for the deadline of a silent primary
-                        pending.cancel()
-                        await rpc.abort(context, gone)
-            except grpc.aio.AioRpcError as err:
-                await relay_error(context, err, address)
-                raise
-            finally:
-                pending.cancel()
+    async def _watch(self, pending: asyncio.Future[Resp], address: str) -> Resp:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=limits.forward_check_s)
+            if done:
+                return pending.result()
+            gone = self._liveness.unreachable(address)
+            if gone is not None:  # do not wait for the deadline of a silent node
+                raise gone
 
-        return behavior
+    async def client_stream(self, address: str, call: Forward[Resp], requests: Iterable[Any],
+                            via: Call) -> Resp:
+        """Sends `requests` as one client stream; the answer as `unary`."""
+        metadata = via.outgoing()
+        method: Any = self._pool.get(address).stream_unary(
+            call.path, request_serializer=_serialize, response_deserializer=call.parse)
+        pending = asyncio.ensure_future(method(
+            iter(requests), timeout=via.timeout_s(), metadata=metadata))
+        try:
+            return await self._watch(pending, address)
+        except grpc.aio.AioRpcError as err:
+            raise remote_error(err, address) from None
+        finally:
+            pending.cancel()
 
-    def _server_stream(self, method: str, pick: Callable[[Any], str],
-                       local: Callable[[Any, Context], AsyncIterator[Any]]
-                       ) -> Callable[[Any, Context], AsyncIterator[Any]]:
-        async def behavior(request: Any, context: Context) -> AsyncIterator[Any]:
-            try:
-                address = self._router.primary_address(pick(request))
-                metadata = outgoing_metadata(context) if address is not None else []
-            except RaftlogError as err:
-                await rpc.abort(context, err)
-                raise
-            if address is None:
-                async for item in local(request, context):
-                    yield item
-                return
-            call: Any = self._stream_pool.get(address).unary_stream(
-                method, request_serializer=_serialize, response_deserializer=None)
-            try:
-                async for item in call(request, timeout=context.time_remaining(),
-                                       metadata=metadata):
-                    yield item
-            except grpc.aio.AioRpcError as err:
-                await relay_error(context, err, address)
-
-        return behavior
+    async def server_stream(self, address: str, call: Forward[Resp], request: Any,
+                            via: Call) -> AsyncIterator[Resp]:
+        """Relays a server stream item by item, at the pace the caller reads."""
+        metadata = via.outgoing()
+        method: Any = self._stream_pool.get(address).unary_stream(
+            call.path, request_serializer=_serialize, response_deserializer=call.parse)
+        stream = method(request, timeout=via.remaining_s(), metadata=metadata)
+        try:
+            async for item in stream:
+                yield item
+        except grpc.aio.AioRpcError as err:
+            raise remote_error(err, address) from None
+        finally:
+            stream.cancel()

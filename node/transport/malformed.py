@@ -9,8 +9,8 @@ instead of raising, and its behaviour ends the call when it meets one: for a una
 before the servicer (or any handler further in) runs, for a streamed request when the servicer
 reaches the bad frame. Frames before it were read as usual; nothing after it is.
 
-Install it on any grpc.aio server, outside every interceptor that reads the request (such as
-forwarding.RoutingInterceptor), i.e. first in the list:
+Install it on any grpc.aio server, outside every other interceptor that reads the request,
+i.e. first in the list:
 
     grpc.aio.server(interceptors=[MalformedRequestInterceptor(), *others])
 
@@ -31,13 +31,13 @@ from typing import Any
 
 import grpc
 
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.transport import rpc
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
-error_chars_max = 200  # of the parser's message, in the reply and the log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ def tolerant(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         try:
             return deserialize(raw)
         except Exception as exc:  # any failure to parse is the fault of the caller's bytes
-            problem = f"{type(exc).__name__}: {exc}"[:error_chars_max]
+            problem = f"{type(exc).__name__}: {exc}"[:limits.malformed_error_chars_max]
             return MalformedRequest(size_bytes=len(raw), problem=problem)
 
     return parse

@@ -5,8 +5,8 @@ others' peer listeners.
   with the cluster credential (`credentials.PEER_TOKEN_HEADER`, bound to the method); anything
   else ends UNAUTHENTICATED, before the handler runs, so it changes nothing.
 - `PeerClient` (client side): channels to the members' peer addresses (gRPC keepalive on, so a
-  silently dropped connection is noticed within `keepalive_*`), a fresh token per call, and one
-  method per internal call the node makes.
+  silently dropped connection is noticed within `limits.peer_keepalive_*`), a fresh token per
+  call, and one method per internal call the node makes.
 """
 
 from __future__ import annotations
@@ -17,31 +17,40 @@ from typing import Any
 
 import grpc
 
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import replication_pb2, replication_pb2_grpc
 from raftlog.node.transport import rpc
+from raftlog.node.transport.channels import ChannelPool
 from raftlog.node.transport.credentials import PEER_TOKEN_HEADER, Credential
-from raftlog.node.transport.forwarding import ChannelPool
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-keepalive_time_ms = 1_000  # a peer channel pings an idle connection this often...
-keepalive_timeout_ms = 1_000  # ...and drops it when the ping is not answered within this
-# Server side: accept the keepalive pings above (gRPC refuses pings more frequent than its
-# default of 5 min without data otherwise, and closes the connection).
-PEER_SERVER_OPTIONS = [
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive_time_ms // 2),
-    ("grpc.http2.max_ping_strikes", 0),
-]
-reconnect_backoff_ms_max = 200  # a peer that refused (e.g. still starting) is tried this often
-PEER_CHANNEL_OPTIONS = [
-    ("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms_max),
-    ("grpc.keepalive_time_ms", keepalive_time_ms),
-    ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+
+def peer_server_options() -> list[tuple[str, Any]]:
+    """The peer listener's options: accept the keepalive pings of `peer_channel_options`
+    (gRPC refuses pings more frequent than its default of 5 min without data otherwise, and
+    closes the connection)."""
+    return [
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms",
+         limits.peer_keepalive_time_ms // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+def peer_channel_options() -> list[tuple[str, Any]]:
+    """A peer channel's options: keepalive pings on an idle connection, and a short
+    reconnect backoff (a peer that refused may only be starting)."""
+    return [
+        ("grpc.max_reconnect_backoff_ms", limits.peer_reconnect_backoff_ms_max),
+        ("grpc.keepalive_time_ms", limits.peer_keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", limits.peer_keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 _PREFIX = "/" + replication_pb2.DESCRIPTOR.services_by_name["Replication"].full_name + "/"
 METHOD_PING = _PREFIX + "Ping"
 METHOD_REPLICATE = _PREFIX + "Replicate"
@@ -112,7 +121,7 @@ class PeerClient:
         self.node_id = node_id
         self._credential = credential
         self._address_of = address_of
-        self.pool = ChannelPool(options=PEER_CHANNEL_OPTIONS)
+        self.pool = ChannelPool(options=peer_channel_options())
 
     def metadata(self, method: str) -> tuple[tuple[str, str], ...]:
         return ((PEER_TOKEN_HEADER, self._credential.token(principal=self.node_id,

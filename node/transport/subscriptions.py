@@ -6,9 +6,8 @@ refuses a call that finds every slot taken with RESOURCE_EXHAUSTED / TOO_MANY_SU
 before anything is read. A slot comes back when the call ends, however it ends (finished,
 failed, cancelled by the client or by the server's shutdown).
 
-Install it outside forwarding.RoutingInterceptor, so that relayed calls count:
-`grpc.aio.server(interceptors=[MalformedRequestInterceptor(), SubscriptionLimitInterceptor(),
-RoutingInterceptor(...)])`.
+Relayed calls count: the operations relay them inside the servicer, which the interceptor wraps:
+`grpc.aio.server(interceptors=[MalformedRequestInterceptor(), SubscriptionLimitInterceptor()])`.
 """
 
 from __future__ import annotations
@@ -31,8 +30,9 @@ LIMITED_METHODS = frozenset({"/raftlog.v1.Consumers/Subscribe"})
 class SubscriptionSlots:
     """A counter with a ceiling; single-threaded (the event loop)."""
 
-    def __init__(self, slots_max: int = limits.subscriptions_max) -> None:
-        self.slots_max = slots_max
+    def __init__(self, slots_max: int | None = None) -> None:
+        """`slots_max` defaults to limits.subscriptions_max."""
+        self.slots_max = limits.subscriptions_max if slots_max is None else slots_max
         self.taken = 0
 
     def take(self, method: str) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from raftlog.base.clock import FakeClock
 from raftlog.internal import raft_pb2, replication_pb2, storage_pb2
+from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import GroupCommitter, Storage
 from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.streams import NoConsumers, StreamEngine
@@ -26,7 +27,7 @@ class Replica:
     def __init__(self, path: Path) -> None:
         self.storage = Storage(path)
         self.committer = GroupCommitter(self.storage)
-        self.engine = StreamEngine(storage=self.storage, committer=self.committer,
+        self.engine = StreamEngine(store=RocksMessageStore(self.storage, self.committer),
                                    clock=FakeClock(), consumers=NoConsumers(), follow_raft=True)
         self.service = ReplicationService(node_id="r1", engine=self.engine,
                                           committer=self.committer,

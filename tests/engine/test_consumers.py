@@ -31,6 +31,7 @@ from raftlog.node.api.consumers import ConsumersService
 from raftlog.node.consumers.manager import DLQ_HEADERS, ConsumerManager, Settled
 from raftlog.node.consumers.store import MemoryConsumerStore
 from raftlog.node.engine.log import LogEntry, MemoryStreamLog
+from raftlog.node.ops.operations import local_consumers
 from raftlog.node.transport import rpc
 from raftlog.node.transport.rpc import grpc_status
 from raftlog.v1 import consumers_pb2, consumers_pb2_grpc, types_pb2
@@ -1074,7 +1075,8 @@ AioStub = Any
 @asynccontextmanager
 async def serving(env: Env) -> AsyncIterator[AioStub]:
     server = grpc.aio.server()
-    consumers_pb2_grpc.add_ConsumersServicer_to_server(ConsumersService(env.manager), server)
+    consumers_pb2_grpc.add_ConsumersServicer_to_server(
+        ConsumersService(local_consumers(env.manager)), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

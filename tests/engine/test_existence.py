@@ -23,6 +23,7 @@ from raftlog.node.cluster.existence import ExistenceCheck
 from raftlog.node.config import NodeConfig
 from raftlog.node.consumers.manager import ConsumerManager
 from raftlog.node.consumers.raft_store import RaftConsumerStore
+from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import GroupCommitter, Storage
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.raft import commands as c
@@ -70,7 +71,7 @@ async def cluster_env(tmp_path: Path, *, caught_up: bool = True) -> AsyncIterato
     committer.start(asyncio.get_running_loop())
     store = RaftConsumerStore(group=group, clock=clock)
     consumers = ConsumerManager(store=store, clock=clock)
-    engine = StreamEngine(storage=storage, committer=committer, clock=clock,
+    engine = StreamEngine(store=RocksMessageStore(storage, committer), clock=clock,
                           consumers=consumers, follow_raft=True)
     cluster = ClusterNode(config=NodeConfig(data_dir=tmp_path, node_id=NODE,
                                             raft_address="127.0.0.1:7000"),

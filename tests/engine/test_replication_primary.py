@@ -13,13 +13,14 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
+from raftlog.base import limits
 from raftlog.base.clock import FakeClock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import replication_pb2
+from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import GroupCommitter, Storage
 from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.streams import NoConsumers, StreamEngine
-from raftlog.node.replication import primary as replication
 from raftlog.node.replication.memory_link import MemoryNetwork
 from raftlog.node.replication.primary import ReplicationManager
 from raftlog.node.replication.service import ReplicationService
@@ -40,8 +41,8 @@ class Node:
         self.node_id = node_id
         self.storage = Storage(path)
         self.committer = GroupCommitter(self.storage)
-        self.engine = StreamEngine(storage=self.storage, committer=self.committer, clock=clock,
-                                   consumers=NoConsumers(), follow_raft=True)
+        self.engine = StreamEngine(store=RocksMessageStore(self.storage, self.committer),
+                                   clock=clock, consumers=NoConsumers(), follow_raft=True)
         self.service = ReplicationService(node_id=node_id, engine=self.engine,
                                           committer=self.committer,
                                           ensure_replica=self._missing)
@@ -181,14 +182,14 @@ def test_a_publish_without_a_majority_fails_with_no_quorum_within_the_lease(
         task = asyncio.ensure_future(c.primary.publish([draft(b"b")]))
         await c.until(lambda: c.primary.durable_seq == 2, what="local fsync")
         for _ in range(20):  # half the lease passes: still waiting, nothing committed
-            await c.tick(advance_s=replication.lease_s / 2 / 20)
+            await c.tick(advance_s=limits.primary_lease_s / 2 / 20)
         assert not task.done()
         assert c.primary.commit_seq == 1
         replicator = c.manager.links.replicators[NAME]
         await c.until(lambda: replicator.lease_remaining_s(writes=True) <= 0,
-                      advance_s=replication.lease_s / 20, what="lease lapses")
+                      advance_s=limits.primary_lease_s / 20, what="lease lapses")
         lapsed_after_s = c.clock.monotonic_s() - cut_at_s
-        assert lapsed_after_s <= replication.lease_s + replication.lease_s / 20
+        assert lapsed_after_s <= limits.primary_lease_s + limits.primary_lease_s / 20
         started = asyncio.get_running_loop().time()  # the clock stands still from here on
         await c.until(task.done, what="NO_QUORUM")
         assert error_of(task).reason == Reason.NO_QUORUM
@@ -300,19 +301,19 @@ def test_the_read_lease_lapses_when_a_majority_stops_answering(tmp_path: Path) -
         c.primary.check_readable()
         c.network.drop(PRIMARY, R2)
         for _ in range(40):  # 2 s: four leases, heartbeats every 50 ms
-            await c.tick(advance_s=replication.heartbeat_s)
+            await c.tick(advance_s=limits.replication_heartbeat_s)
         c.primary.check_readable()
         assert c.primary.get_message(1).payload == b"a"
         c.network.drop(PRIMARY, R1)
-        await c.tick(advance_s=replication.lease_s / 2)
+        await c.tick(advance_s=limits.primary_lease_s / 2)
         c.primary.check_readable()  # the last answer is still recent enough
-        await c.tick(advance_s=replication.lease_s / 2 + 0.01)
+        await c.tick(advance_s=limits.primary_lease_s / 2 + 0.01)
         with pytest.raises(RaftlogError) as refused:
             c.primary.check_readable()
         assert refused.value.reason == Reason.NOT_PRIMARY
         c.restore(R1)
         await c.until(lambda: c.manager.links.replicators[NAME].lease_remaining_s() > 0,
-                      advance_s=replication.heartbeat_s, what="lease back")
+                      advance_s=limits.replication_heartbeat_s, what="lease back")
         assert c.primary.get_message(1).payload == b"a"
 
     run(tmp_path, body)

@@ -1,9 +1,11 @@
-"""Stream engine rules, in-process over a real RocksDB in tmp_path (no gRPC)."""
+"""Stream engine rules, in-process (no gRPC), each over both message stores: a real RocksDB in
+tmp_path and the in-memory twin (node/engine/memory_store.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -11,7 +13,10 @@ import pytest
 
 from raftlog.base.clock import FakeClock
 from raftlog.base.errors import RaftlogError, Reason
+from raftlog.node.engine.memory_store import MemoryMessageStore
+from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import GroupCommitter, Storage
+from raftlog.node.engine.store import MessageStore
 from raftlog.node.engine.stream_publish import Appended, Draft, draft
 from raftlog.node.engine.streams import NoConsumers, StreamEngine
 from raftlog.v1 import streams_pb2, types_pb2
@@ -19,27 +24,48 @@ from raftlog.v1 import streams_pb2, types_pb2
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a harness keeps its streams: RocksDB under `path`, or `memory`, one in-memory
+    store that outlives each harness (so that a second harness reopens what the first wrote)."""
+
+    path: Path
+    memory: MemoryMessageStore | None = None
+
+
+@pytest.fixture(params=["rocks", "memory"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
+    return Place(tmp_path, MemoryMessageStore() if request.param == "memory" else None)
+
+
 class Harness:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, place: Place) -> None:
         self.clock = FakeClock()
-        self.storage = Storage(path)
-        self.committer = GroupCommitter(self.storage)
-        self.engine = StreamEngine(storage=self.storage, committer=self.committer,
-                                   clock=self.clock, consumers=NoConsumers())
+        self.storage: Storage | None = None
+        self.committer: GroupCommitter | None = None
+        store: MessageStore
+        if place.memory is not None:
+            store = place.memory
+        else:
+            self.storage = Storage(place.path)
+            self.committer = GroupCommitter(self.storage)
+            store = RocksMessageStore(self.storage, self.committer)
+        self.engine = StreamEngine(store=store, clock=self.clock, consumers=NoConsumers())
 
     async def open(self) -> None:
-        self.committer.start(asyncio.get_running_loop())
+        if self.committer is not None:
+            self.committer.start(asyncio.get_running_loop())
         self.engine.load()
 
     def close(self) -> None:
-        self.committer.stop()
-        self.storage.close()
+        if self.committer is not None and self.storage is not None:
+            self.committer.stop()
+            self.storage.close()
 
 
-def run(path: Path, body: Callable[[Harness], Awaitable[T]]) -> T:
+def run(place: Place, body: Callable[[Harness], Awaitable[T]]) -> T:
     async def main() -> T:
-        harness = Harness(path)
+        harness = Harness(place)
         await harness.open()
         try:
             return await body(harness)
@@ -61,7 +87,7 @@ def drafts(*subjects: str) -> list[Draft]:
     return [draft(s, f"p{i}".encode()) for i, s in enumerate(subjects)]
 
 
-def test_seqs_are_assigned_one_to_n_without_gaps(tmp_path: Path) -> None:
+def test_seqs_are_assigned_one_to_n_without_gaps(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h)
         assert seqs(await h.engine.publish("s", drafts("a", "b", "c"))) == [1, 2, 3]
@@ -70,10 +96,10 @@ def test_seqs_are_assigned_one_to_n_without_gaps(tmp_path: Path) -> None:
         assert (state.first_seq, state.last_seq, state.messages, state.commit_seq) == (1, 4, 4, 4)
         assert state.num_subjects == 3
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_everything_survives_reopen(tmp_path: Path) -> None:
+def test_everything_survives_reopen(place: Place) -> None:
     async def write(h: Harness) -> None:
         await create(h, subjects=["x.>"], max_msgs_per_subject=2)
         await h.engine.publish("s", [draft("x.a", b"1", msg_id="m1"),
@@ -90,8 +116,8 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
         assert dup == Appended(1, duplicate=True)
         assert seqs(await h.engine.publish("s", drafts("x.c"))) == [4]
 
-    run(tmp_path, write)
-    run(tmp_path, read)
+    run(place, write)
+    run(place, read)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +129,7 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
     ],
 )
 def test_limits_remove_the_oldest_messages_on_write(
-    tmp_path: Path, fields: dict[str, int], published: list[str], expected_first: int,
+    place: Place, fields: dict[str, int], published: list[str], expected_first: int,
     expected_messages: int,
 ) -> None:
     async def body(h: Harness) -> None:
@@ -115,10 +141,10 @@ def test_limits_remove_the_oldest_messages_on_write(
         assert state.messages == expected_messages
         assert state.first_seq == expected_first
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_lowering_a_limit_prunes_at_once(tmp_path: Path) -> None:
+def test_lowering_a_limit_prunes_at_once(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h)
         await h.engine.publish("s", drafts(*["a"] * 10))
@@ -126,10 +152,10 @@ def test_lowering_a_limit_prunes_at_once(tmp_path: Path) -> None:
         assert pruned == 6
         assert (info.state.first_seq, info.state.messages) == (7, 4)
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_max_age_sweep_removes_old_messages(tmp_path: Path) -> None:
+def test_max_age_sweep_removes_old_messages(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h, max_age_ms=10_000)
         await h.engine.publish("s", drafts("a", "b"))
@@ -139,10 +165,10 @@ def test_max_age_sweep_removes_old_messages(tmp_path: Path) -> None:
         assert await h.engine.sweep_once() == 2
         assert h.engine.info("s").state.first_seq == 3
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_expected_last_seq_mismatch_reports_current_value(tmp_path: Path) -> None:
+def test_expected_last_seq_mismatch_reports_current_value(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h)
         await h.engine.publish("s", drafts("a", "b"))
@@ -158,10 +184,10 @@ def test_expected_last_seq_mismatch_reports_current_value(tmp_path: Path) -> Non
                         expected_last_subject_seq=1)])
         assert ok == Appended(3)
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_dedupe_window_expires(tmp_path: Path) -> None:
+def test_dedupe_window_expires(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h, dedupe_window_ms=1_000)
         first = await h.engine.publish("s", [draft("a", b"", msg_id="id")])
@@ -171,10 +197,10 @@ def test_dedupe_window_expires(tmp_path: Path) -> None:
         assert await h.engine.publish("s", [draft("a", b"", msg_id="id")]) == [
             Appended(2)]
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_purge_variants(tmp_path: Path) -> None:
+def test_purge_variants(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h)
         await h.engine.publish("s", drafts("a.1", "b.1", "a.2", "b.2", "a.3", "c"))
@@ -188,10 +214,10 @@ def test_purge_variants(tmp_path: Path) -> None:
         assert (state.first_seq, state.last_seq, state.messages, state.num_subjects) == (7, 6, 0, 0)
         assert seqs(await h.engine.publish("s", drafts("a"))) == [7]
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_subject_reads(tmp_path: Path) -> None:
+def test_subject_reads(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h)
         await h.engine.publish("s", drafts("k.a", "k.b", "k.a", "z", "k.a"))
@@ -207,10 +233,10 @@ def test_subject_reads(tmp_path: Path) -> None:
             stream.latest_at_subject("nope")
         assert err.value.reason is Reason.MESSAGE_NOT_FOUND
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_deleted_stream_leaves_nothing_and_name_can_be_reused(tmp_path: Path) -> None:
+def test_deleted_stream_leaves_nothing_and_name_can_be_reused(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h)
         await h.engine.publish("s", drafts("a", "b"))
@@ -222,7 +248,7 @@ def test_deleted_stream_leaves_nothing_and_name_can_be_reused(tmp_path: Path) ->
         assert h.engine.info("s").state.messages == 0
         assert seqs(await h.engine.publish("s", drafts("a"))) == [1]
 
-    run(tmp_path, body)
+    run(place, body)
 
 
 @pytest.mark.parametrize(
@@ -241,7 +267,7 @@ def test_deleted_stream_leaves_nothing_and_name_can_be_reused(tmp_path: Path) ->
         ({"name": "s", "max_msg_bytes": 1 << 40}, Reason.INVALID_CONFIG),
     ],
 )
-def test_invalid_configs_are_rejected(tmp_path: Path, fields: dict[str, object],
+def test_invalid_configs_are_rejected(place: Place, fields: dict[str, object],
                                       reason: Reason) -> None:
     async def body(h: Harness) -> None:
         with pytest.raises(RaftlogError) as err:
@@ -249,10 +275,10 @@ def test_invalid_configs_are_rejected(tmp_path: Path, fields: dict[str, object],
         assert err.value.reason is reason
         assert h.engine.infos() == []
 
-    run(tmp_path, body)
+    run(place, body)
 
 
-def test_create_is_idempotent_but_a_different_config_conflicts(tmp_path: Path) -> None:
+def test_create_is_idempotent_but_a_different_config_conflicts(place: Place) -> None:
     async def body(h: Harness) -> None:
         await create(h, max_msgs=5)
         await create(h, max_msgs=5)
@@ -260,7 +286,7 @@ def test_create_is_idempotent_but_a_different_config_conflicts(tmp_path: Path) -
             await create(h, max_msgs=6)
         assert err.value.reason is Reason.STREAM_EXISTS
 
-    run(tmp_path, body)
+    run(place, body)
 
 
 @pytest.mark.parametrize(
@@ -274,7 +300,7 @@ def test_create_is_idempotent_but_a_different_config_conflicts(tmp_path: Path) -
         (draft("in.x", b"", headers=(("", "v"),)), Reason.INVALID_ARGUMENT),
     ],
 )
-def test_bad_messages_are_refused_and_nothing_is_stored(tmp_path: Path, draft: Draft,
+def test_bad_messages_are_refused_and_nothing_is_stored(place: Place, draft: Draft,
                                                         reason: Reason) -> None:
     async def body(h: Harness) -> None:
         await create(h, subjects=["in.>"], max_msg_bytes=100)
@@ -284,4 +310,4 @@ def test_bad_messages_are_refused_and_nothing_is_stored(tmp_path: Path, draft: D
         state = h.engine.info("s").state
         assert (state.last_seq, state.messages) == (1, 1)
 
-    run(tmp_path, body)
+    run(place, body)

@@ -8,7 +8,7 @@ import pytest
 from raftlog.base import limits
 from raftlog.base.errors import Reason
 from raftlog.chaos.nodeproc import NodeProcess
-from raftlog.node.api.batches import acked_seqs
+from raftlog.node.ops.batches import acked_seqs
 from raftlog.node.transport.rpc import from_rpc_error, grpc_status
 from raftlog.v1 import streams_pb2, types_pb2
 from tests.conftest import Clients

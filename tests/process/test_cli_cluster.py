@@ -16,7 +16,7 @@ import pytest
 
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import free_port, wait_until
-from raftlog.node.cli import cluster as cli_cluster
+from raftlog.node.cli import cluster_placement as cli_cluster
 from raftlog.node.cli.base import UsageError
 from raftlog.node.cli.main import main
 from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from raftlog.base import limits
 from raftlog.chaos import workload as wl
 from raftlog.chaos.cluster import LocalCluster
-from raftlog.node.replication import primary as replication
 from raftlog.v1 import cluster_pb2
 
 publish_rate_per_s = 250.0  # each of the two publishers
@@ -40,8 +40,8 @@ drain_timeout_s = 20.0  # > the consumer's ack wait: unacked deliveries come bac
 converge_timeout_s = 20.0
 ack_wait_ms = 5_000
 # SIGSTOP lasts until another node took the stream over, and at least this: longer than the
-# primary's lease (node/replication/primary.py) and than issue 4's "~2 s".
-sigstop_s = max(2.0, 4 * replication.lease_s)
+# primary's lease (limits.primary_lease_s) and than issue 4's "~2 s".
+sigstop_s = max(2.0, 4 * limits.primary_lease_s)
 probe_s = 5.0  # clients pinned to a deposed primary run this long after it resumes
 probe_messages = 200
 probe_call_timeout_s = 3.0  # > probe_head_start_s: their first calls outlive the stop

@@ -15,13 +15,13 @@ import time
 import grpc
 import pytest
 
+from raftlog.base import limits
 from raftlog.chaos.cluster import LocalCluster
-from raftlog.node.replication import primary as replication
 from raftlog.v1 import streams_pb2, types_pb2
 from tests.process.cluster_helpers import create
 
 client_deadline_s = 10.0
-answer_within_s = 3 * replication.lease_s  # the lease, checks and a scheduling margin
+answer_within_s = 3 * limits.primary_lease_s  # the lease, checks and a scheduling margin
 
 
 def publish(cluster: LocalCluster, i: int, stream: str) -> tuple[str, float]:
@@ -43,7 +43,7 @@ def test_an_isolated_primary_refuses_writes_within_its_lease(cluster3: LocalClus
     for i in others:
         os.kill(cluster3.node(i).pid, signal.SIGSTOP)
     try:
-        time.sleep(replication.lease_s * 2)  # its lease runs out
+        time.sleep(limits.primary_lease_s * 2)  # its lease runs out
         answers = [publish(cluster3, primary, "isolated") for _ in range(3)]
         create_started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:

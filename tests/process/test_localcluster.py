@@ -20,7 +20,7 @@ import pytest
 
 from raftlog.chaos.cluster import LocalCluster, free_base_port
 from raftlog.chaos.nodeproc import wait_until
-from raftlog.node.cli import cluster as cli_cluster
+from raftlog.node.cli import cluster_views as cli_cluster
 from raftlog.node.cli import localcluster
 from raftlog.node.cli.localcluster import (
     LocalClusterError,

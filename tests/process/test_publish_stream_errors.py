@@ -16,9 +16,9 @@ import os
 import signal
 import time
 
+from raftlog.base import limits
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import wait_until
-from raftlog.node.replication import primary as replication
 from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 
 call_timeout_s = 10.0
@@ -56,7 +56,7 @@ def test_a_stream_that_cannot_commit_fails_alone_with_its_reason(cluster3: Local
     for i in others:
         os.kill(cluster3.node(i).pid, signal.SIGSTOP)
     try:
-        time.sleep(replication.lease_s * 2)  # the R3 stream's lease runs out
+        time.sleep(limits.primary_lease_s * 2)  # the R3 stream's lease runs out
         reply = cluster3.streams(primary).PublishStream(iter(requests), timeout=call_timeout_s)
     finally:
         for i in others:

@@ -36,6 +36,7 @@ from pysyncobj import FAIL_REASON
 from pysyncobj.node import TCPNode
 from rocksdict import Options, Rdict
 
+from raftlog.base import limits
 from raftlog.base.clock import FakeClock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.chaos.nodeproc import free_port, wait_until
@@ -44,7 +45,7 @@ from raftlog.raft import commands as c
 from raftlog.raft import group as group_module
 from raftlog.raft import wire
 from raftlog.raft.addresses import check_raft_config
-from raftlog.raft.api import Applied, LeaderChange, command_bytes_max, ensure_ok
+from raftlog.raft.api import Applied, LeaderChange, ensure_ok
 from raftlog.raft.group import RaftGroup, failure_error
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.raft.snapshot_file import read_snapshot_file
@@ -593,7 +594,8 @@ def test_a_single_member_group_applies_and_delivers_events(local: Local) -> None
         assert (status.is_leader, status.leader, status.peers) == (True, local.address, ())
         assert status.applied_index >= rejected.index and status.commit_index >= rejected.index
         with pytest.raises(RaftlogError) as raised:
-            await group.propose(c.stream_delete(name="x" * command_bytes_max), timeout_s=1)
+            await group.propose(c.stream_delete(name="x" * limits.metadata_command_bytes_max),
+                                timeout_s=1)
         assert raised.value.reason is Reason.REQUEST_TOO_LARGE
 
     asyncio.run(scenario())
@@ -767,7 +769,8 @@ def test_memory_group_applies_at_once_and_delivers_events_first() -> None:
         assert seen[-1] == "leader False" and group.status().term == 2
         group.set_leader(True)
         with pytest.raises(RaftlogError):
-            await group.propose(c.stream_delete(name="x" * command_bytes_max), timeout_s=1)
+            await group.propose(c.stream_delete(name="x" * limits.metadata_command_bytes_max),
+                                timeout_s=1)
         await group.add_member("127.0.0.1:2", timeout_s=1)
         assert [peer.address for peer in group.status().peers] == ["127.0.0.1:2"]
         await group.remove_member("127.0.0.1:2", timeout_s=1)

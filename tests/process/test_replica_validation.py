@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from raftlog.base import limits
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.internal import raft_pb2, replication_pb2, storage_pb2
 from raftlog.node.engine import keys
 from raftlog.node.engine.storage import CF_DEDUPE, CF_MESSAGES, CF_STREAM_STATE, CF_SUBJECTS
 from raftlog.node.engine.stream import Stream
-from raftlog.node.replication.replica import seq_max
 from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 from tests.engine.replica_harness import Replica, stored
 
@@ -72,9 +72,11 @@ def run(path: Path, body: object) -> None:
 
 BAD = {
     "epoch 0": request(epoch=0, payloads=(b"x",), history=()),
-    "epoch above bounds": request(epoch=seq_max + 1, payloads=(b"x",), history=()),
+    "epoch above bounds": request(epoch=limits.replication_seq_max + 1, payloads=(b"x",),
+                                  history=()),
     "first seq 0": request(first_seq=0, payloads=(b"x",)),
-    "first seq past the bound": request(first_seq=seq_max, payloads=(b"x", b"y")),
+    "first seq past the bound": request(first_seq=limits.replication_seq_max,
+                                        payloads=(b"x", b"y")),
     "removed range backwards": request(first_seq=11, removed=((9, 3),)),
     "removed ranges overlapping": request(first_seq=11, removed=((1, 5), (5, 8))),
     "removed ranges out of order": request(first_seq=11, removed=((6, 8), (1, 2))),
@@ -88,7 +90,7 @@ BAD = {
     "message from a later epoch": request(first_seq=11, payloads=(b"x",), msg_epoch=7),
     "message that does not decode": request(first_seq=11, raw=(b"\xff\xff\xff",)),
     "checksum mismatch": request(first_seq=11, payloads=(b"x",), checksum=1),
-    "commit seq past the bound": request(first_seq=11, commit_seq=seq_max + 1),
+    "commit seq past the bound": request(first_seq=11, commit_seq=limits.replication_seq_max + 1),
 }
 
 
@@ -136,15 +138,13 @@ def test_a_wide_removed_range_costs_what_is_stored_not_its_width(tmp_path: Path)
 
 
 def test_a_far_head_moves_in_bounded_steps(tmp_path: Path) -> None:
-    from raftlog.node.replication import replica as stream_replica
-
     async def body(r: Replica, stream: Stream) -> None:
         count = 3 * 1000 + 7
         for start in range(1, count + 1, 1000):
             await r.send(epoch=1, first_seq=start,
                          payloads=[b"p"] * min(1000, count + 1 - start))
-        old = stream_replica.head_removals_max
-        stream_replica.head_removals_max = 1000
+        old = limits.head_removals_max
+        limits.head_removals_max = 1000
         try:
             heads = []
             for _ in range(5):
@@ -152,7 +152,7 @@ def test_a_far_head_moves_in_bounded_steps(tmp_path: Path) -> None:
                 assert ack.refused == ""
                 heads.append(stream.first_seq)
         finally:
-            stream_replica.head_removals_max = old
+            limits.head_removals_max = old
         assert heads == [1001, 2001, 3001, count + 1, count + 1]
         assert stream.record.messages == 0
 
@@ -194,12 +194,12 @@ def test_random_requests_leave_a_copy_in_bounds_and_never_stall(
             if ack.refused:
                 assert snapshot(r, stream) == before, (batch, ack)
             record = stream.record
-            assert 1 <= record.first_seq <= record.last_seq + 1 <= seq_max + 1
+            assert 1 <= record.first_seq <= record.last_seq + 1 <= limits.replication_seq_max + 1
             stored_count = sum(1 for _ in r.storage.scan_keys(
                 CF_MESSAGES, lower=keys.stream_prefix(stream.stream_id),
                 upper=keys.stream_end(stream.stream_id)))
             assert stored_count == record.messages
-            assert record.epoch <= seq_max
+            assert record.epoch <= limits.replication_seq_max
 
     run(tmp_path_factory.mktemp("fuzz"), body)
 
@@ -249,7 +249,7 @@ def test_signed_random_replicate_input_keeps_a_replica_responsive(
                                  timeout=2.0)
     assert time.monotonic() - started < 2.0
     assert sent >= 50
-    assert 1 <= state.first_seq <= state.last_seq + 1 <= seq_max + 1, state
+    assert 1 <= state.first_seq <= state.last_seq + 1 <= limits.replication_seq_max + 1, state
     # The cluster still serves the stream (the fuzzed replica may have been fenced or
     # truncated, which a member may legitimately do; the others hold the data).
     cluster3.streams(2).PublishBatch(streams_pb2.PublishBatchRequest(stream="fuzzed", entries=[

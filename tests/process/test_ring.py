@@ -15,8 +15,9 @@ import textwrap
 
 import pytest
 
+from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
-from raftlog.node.cluster.ring import Placement, Ring, ring_vnodes_per_member
+from raftlog.node.cluster.ring import Placement, Ring
 
 # Streams used for the statistical tests.
 sample_streams_count = 10_000
@@ -171,7 +172,7 @@ def test_streams_spread_evenly(member_count: int) -> None:
     mean = sample_streams_count / member_count
     skew = max(counts.values()) / mean
     print(
-        f"\nbalance: {member_count} members x {ring_vnodes_per_member} vnodes, "
+        f"\nbalance: {member_count} members x {limits.ring_vnodes_per_member} vnodes, "
         f"{sample_streams_count} streams: max/mean = {skew:.3f}, min/mean = "
         f"{min(counts.values()) / mean:.3f}, counts = {sorted(counts.values())}"
     )

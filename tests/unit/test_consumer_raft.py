@@ -31,7 +31,7 @@ from raftlog.node.consumers.raft_store import (
 from raftlog.node.consumers.state import DeliveryState
 from raftlog.node.engine.log import MemoryStreamLog
 from raftlog.raft import commands as c
-from raftlog.raft.api import command_bytes_max, ensure_ok
+from raftlog.raft.api import ensure_ok
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.raft.state_model import ConsumerAssignment
 from raftlog.v1 import consumers_pb2, types_pb2
@@ -239,6 +239,7 @@ async def test_oversize_batches_split_under_command_bytes_max() -> None:
     commands = [cmd for cmd in env.group.commands
                 if cmd.WhichOneof("command") == "consumer_state_update"]
     sizes = [cmd.ByteSize() for cmd in commands]
+    command_bytes_max = limits.metadata_command_bytes_max
     assert all(size <= command_bytes_max for size in sizes), sizes
     assert len(commands) <= math.ceil(sum(sizes) / command_bytes_max) + 1, sizes
     big_parts = [p for cmd in commands for p in cmd.consumer_state_update.updates
@@ -289,7 +290,7 @@ async def test_pending_saves_are_bounded() -> None:
 @run_async
 async def test_a_group_that_never_answers_fails_the_save_with_timeout(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consumer_raft, "propose_grace_s", 0.01)
+    monkeypatch.setattr(limits, "consumer_propose_grace_s", 0.01)
     env = await setup("c", propose_timeout_s=0.05)
     env.group.gate = asyncio.Event()  # never set
     error = await raises(Reason.TIMEOUT, env.store.save(STREAM, record(floor=1)))

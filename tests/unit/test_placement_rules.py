@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from raftlog.base import limits
 from raftlog.base.clock import SystemClock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
-from raftlog.node.cluster import placement as placement_module
 from raftlog.node.cluster.placement import Placement
 from raftlog.node.cluster.replica_sets import Position, Shape, holders, is_safe, next_replicas
 from raftlog.raft.memory import MemoryRaftGroup
@@ -156,10 +156,10 @@ def run_migrate(copies: dict[str, Copy], *, replicas: tuple[str, ...], target: s
 
 @pytest.fixture(autouse=True)
 def short_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(placement_module, "target_silent_s_max", 0.3)
-    monkeypatch.setattr(placement_module, "handover_catch_up_s", 0.3)
-    monkeypatch.setattr(placement_module, "step_timeout_s", 0.5)
-    monkeypatch.setattr(placement_module, "settle_timeout_s", 0.5)
+    monkeypatch.setattr(limits, "move_target_silent_s_max", 0.3)
+    monkeypatch.setattr(limits, "move_handover_catch_up_s", 0.3)
+    monkeypatch.setattr(limits, "placement_step_timeout_s", 0.5)
+    monkeypatch.setattr(limits, "move_settle_timeout_s", 0.5)
 
 
 def test_a_single_replica_stream_moves_and_the_old_copy_leaves() -> None:

@@ -192,7 +192,7 @@ def test_stream_create_rejects_invalid_names(name: str) -> None:
 
 
 def test_stream_count_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_streams, "streams_max", 1)
+    monkeypatch.setattr(state_streams, "cluster_streams_max", 1)
     expect_rejected(cluster(create("a")), create("b"), Reason.TOO_MANY_STREAMS)
 
 
@@ -694,6 +694,10 @@ class MetaStateMachine(RuleBasedStateMachine):
     @rule(name=streams, consumer_name=st.sampled_from(CONSUMERS))
     def consumer_delete(self, name: str, consumer_name: str) -> None:
         self.do(c.consumer_delete(stream=name, consumer=consumer_name))
+        stream = self.state.streams.get(name)
+        if stream is not None and consumer_name not in self.state.consumers.get(name, {}):
+            # A consumer created again under the same name starts afresh.
+            self.floors.pop((stream.stream_id, consumer_name), None)
 
     @rule(name=streams, consumer_name=st.sampled_from(CONSUMERS), floor=st.integers(0, 30),
           acked=st.lists(st.integers(0, 40), max_size=6), delivered=st.integers(0, 50),
@@ -742,7 +746,7 @@ test_meta_state_machine = MetaStateMachine.TestCase
 
 
 def test_failover_promotes_are_chunked_by_size_and_by_count() -> None:
-    from raftlog.node.cluster.failover import _chunks, promote_batch_bytes_max
+    from raftlog.node.cluster.failover import _chunks
     from raftlog.raft.api import encode_command
     from raftlog.raft.state_model import promotes_max
 
@@ -759,7 +763,7 @@ def test_failover_promotes_are_chunked_by_size_and_by_count() -> None:
             assert len(chunk) <= promotes_max
             command = raft_pb2.RaftCommand(stream_promotes=raft_pb2.StreamPromotes(
                 promotes=chunk))
-            assert command.ByteSize() <= promote_batch_bytes_max + 4096
+            assert command.ByteSize() <= limits.failover_promote_batch_bytes_max + 4096
             encode_command(command)  # within the Raft command size limit
 
 
@@ -796,6 +800,26 @@ def test_the_caps_apply_enforces_are_the_ones_nodes_check_first() -> None:
     from raftlog.base import limits
     from raftlog.raft import state_model
 
-    for name in ("streams_max", "replicas_max", "consumers_per_stream_max",
-                 "acked_above_floor_max"):
+    for name in ("replicas_max", "consumers_per_stream_max", "acked_above_floor_max"):
         assert getattr(state_model, name) == getattr(limits, name), name
+
+
+def test_a_node_can_hold_a_copy_of_every_stream_its_cluster_may_have() -> None:
+    """Two caps, two meanings: the cluster's stream count is a rule of the state machine
+    (state_model.cluster_streams_max), a node's own count of copies a node setting
+    (limits.streams_per_node_max). With replicas >= members every node holds every stream, so a
+    node must be able to hold as many copies as the cluster may have streams."""
+    from raftlog.base import limits
+    from raftlog.raft import state_model
+
+    assert limits.streams_per_node_max >= state_model.cluster_streams_max
+
+
+def test_a_replica_accepts_every_epoch_history_the_metadata_keeps() -> None:
+    """A primary sends its stream's epoch history from the metadata (at most
+    state_model.epoch_history_max pairs) in every batch; a replica refuses a batch with more than
+    limits.replication_history_entries_max, so that bound is never below the metadata's."""
+    from raftlog.base import limits
+    from raftlog.raft import state_model
+
+    assert limits.replication_history_entries_max >= state_model.epoch_history_max

@@ -1,0 +1,185 @@
+"""Handing messages out: `DeliveryManager.fetch` collects due redeliveries first, then new
+messages (the LAST_PER_SUBJECT start set, then the filtered scan), under the batch's caps
+(`_Batch`), and waits for commits, consumer changes or the next redelivery deadline when there
+is nothing to hand out. Nothing above the log's commit_seq is ever handed out (G4). Fetch does
+not save: deliveries lost in a crash are redelivered (at-least-once); a message out of
+deliveries is dead-lettered on the way (settlement.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from raftlog.base import limits
+from raftlog.base.errors import InvariantViolation
+from raftlog.node.consumers.serving import ServedConsumer, ServedStream, check_range
+from raftlog.node.consumers.settlement import SettlementManager
+from raftlog.node.consumers.state import DeliveryState
+from raftlog.node.engine.log import LogEntry, StreamLog
+from raftlog.v1 import types_pb2
+
+
+@dataclass
+class _Batch:
+    """One collect's messages and the caps they stay under. Dead letters count toward the
+    batch, so one fetch does a bounded number of republishes."""
+
+    stream: str
+    size_max: int
+    bytes_max: int | None = None  # of LogEntry.size_bytes, besides the payload cap
+    messages: list[types_pb2.Message] = field(default_factory=list)
+    payload_bytes: int = 0
+    message_bytes: int = 0
+    dead_lettered: list[int] = field(default_factory=list)
+    full: bool = False
+
+    def room(self) -> int:
+        return 0 if self.full else self.size_max - len(self.messages) - len(self.dead_lettered)
+
+    def fits(self, entry: LogEntry) -> bool:
+        """The payload cap and bytes_max; the first message always fits."""
+        if self.messages and (
+                self.payload_bytes + len(entry.payload) > limits.fetch_bytes_max
+                or (self.bytes_max is not None
+                    and self.message_bytes + entry.size_bytes > self.bytes_max)):
+            self.full = True
+        return not self.full
+
+    def add(self, entry: LogEntry, *, deliver_count: int) -> None:
+        self.messages.append(to_message(self.stream, entry, deliver_count=deliver_count))
+        self.payload_bytes += len(entry.payload)
+        self.message_bytes += entry.size_bytes
+
+
+def to_message(stream: str, entry: LogEntry, *, deliver_count: int) -> types_pb2.Message:
+    return types_pb2.Message(
+        seq=entry.seq, subject=entry.subject, ts_ms=entry.ts_ms,
+        headers=[types_pb2.Header(key=key, value=value) for key, value in entry.headers],
+        payload=entry.payload, msg_id=entry.msg_id, deliver_count=deliver_count, stream=stream,
+    )
+
+
+class DeliveryManager(SettlementManager):
+    """`SettlementManager` plus fetch."""
+
+    async def fetch(self, stream: str, name: str, *, batch: int, max_wait_ms: int,
+                    bytes_max: int | None = None) -> list[types_pb2.Message]:
+        """Up to `batch` messages (and, if given, at most `bytes_max` of LogEntry.size_bytes
+        together, but at least one): due redeliveries first, then new ones. Waits up to
+        `max_wait_ms` (real time) for the first one, woken by commits and consumer changes."""
+        check_range("batch", batch, low=1, high=limits.fetch_batch_max)
+        check_range("max_wait_ms", max_wait_ms, low=0, high=limits.fetch_wait_ms_max)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + max_wait_ms / 1000
+        while True:
+            found, consumer = self._lookup(stream, name)
+            changed, above_seq = consumer.changed, found.log.commit_seq
+            messages = await self._collect(found, consumer, batch=batch, bytes_max=bytes_max)
+            remaining_s = give_up_at - loop.time()
+            if messages or remaining_s <= 0:
+                return messages
+            timeout_s = min(remaining_s, self._until_redelivery_s(consumer))
+            await _wait_for_work(found.log, changed, above_seq=above_seq, timeout_s=timeout_s)
+
+    async def _collect(self, found: ServedStream, consumer: ServedConsumer, *, batch: int,
+                       bytes_max: int | None = None) -> list[types_pb2.Message]:
+        out = _Batch(stream=found.log.name, size_max=batch, bytes_max=bytes_max)
+        await self._redeliver_due(found, consumer, out)
+        if consumer.closed is None:
+            self._deliver_new(found, consumer, out)
+        if out.dead_lettered:
+            await self._make_durable(found, consumer, out.dead_lettered)
+        return out.messages
+
+    async def _redeliver_due(self, found: ServedStream, consumer: ServedConsumer,
+                             out: _Batch) -> None:
+        state = consumer.state
+        while out.room() > 0 and consumer.closed is None:
+            now_s = self._clock.monotonic_s()
+            seq = state.pending.first_due(now_s)
+            if seq is None:
+                return
+            entry = found.log.read(seq)
+            if entry is None:
+                state.drop_removed(seq)
+            elif state.exhausted(seq):
+                if await self._dead_letter(found, consumer, entry):
+                    out.dead_lettered.append(seq)
+            elif out.fits(entry):
+                out.add(entry, deliver_count=state.deliver(seq, now_s=now_s))
+
+    def _deliver_new(self, found: ServedStream, consumer: ServedConsumer, out: _Batch) -> None:
+        state = consumer.state
+        room = min(out.room(), state.config.max_ack_pending - len(state.pending))
+        if room <= 0 or state.delivery_paused(acked_max=limits.acked_above_floor_max):
+            return
+        now_s, commit_seq = self._clock.monotonic_s(), found.log.commit_seq
+        for entry in _undelivered(found.log, state, limit=room):
+            if entry.seq > commit_seq:
+                raise InvariantViolation(f"stream {found.log.name}: seq {entry.seq} above "
+                                         f"commit_seq {commit_seq} offered to a consumer")
+            if not out.fits(entry):
+                return
+            out.add(entry, deliver_count=state.deliver(entry.seq, now_s=now_s))
+
+    def _until_redelivery_s(self, consumer: ServedConsumer) -> float:
+        deadline_s = consumer.state.pending.next_deadline_s()
+        if deadline_s is None:
+            return math.inf
+        # A deadline that has just passed is handed out by the next collect; the floor only
+        # keeps a wait from ever being zero, so no path can turn into a busy loop.
+        return max(deadline_s - self._clock.monotonic_s(), limits.redelivery_wait_s_min)
+
+
+def _undelivered(log: StreamLog, state: DeliveryState, *, limit: int) -> Iterator[LogEntry]:
+    """The next entries to hand out: the LAST_PER_SUBJECT start set, then the filtered scan.
+    The caller delivers each entry before asking for the next one, or stops."""
+    produced = 0
+    while state.start_seqs and produced < limit:
+        seq = state.start_seqs[0]
+        entry = log.read(seq)
+        if entry is None or seq in state.acked:
+            state.skip_to(seq)
+            continue
+        produced += 1
+        yield entry
+    if state.start_seqs or produced >= limit:
+        return
+    filter_subject, from_seq = state.config.filter_subject, state.delivered_seq + 1
+    # Seqs acked ahead of the cursor (after a failover) are passed over, not handed out: the
+    # scan may look at that many more entries.
+    for entry in log.scan(from_seq=from_seq, filter_subject=filter_subject,
+                          limit=limit - produced + len(state.acked)):
+        if state.skip_acked_ahead(entry.seq):
+            continue
+        produced += 1
+        yield entry
+        if produced >= limit:
+            return
+    if produced == 0 and from_seq <= log.commit_seq and not log.count_matching(
+        from_seq=from_seq, filter_subject=filter_subject
+    ):
+        # Nothing up to the commit matches: move the cursor (and so the ack floor) past it.
+        state.skip_to(log.commit_seq)
+
+
+async def _wait_for_work(log: StreamLog, changed: asyncio.Event, *, above_seq: int,
+                         timeout_s: float) -> None:
+    """Until a commit above `above_seq`, a change to the consumer, or the timeout."""
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + timeout_s
+    commit = asyncio.ensure_future(log.wait_for_commit(above_seq=above_seq, timeout_s=timeout_s))
+    change = asyncio.ensure_future(changed.wait())
+    try:
+        done, _ = await asyncio.wait({commit, change}, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if done == {commit} and not commit.result():
+            # A closed log answers at once: only a consumer change (or the timeout) helps now.
+            await asyncio.wait({change}, timeout=max(give_up_at - loop.time(), 0))
+    finally:
+        for waiter in (commit, change):
+            waiter.cancel()
+        await asyncio.gather(commit, change, return_exceptions=True)

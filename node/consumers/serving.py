@@ -1,0 +1,222 @@
+"""What the consumer manager keeps while it serves consumers, and the plumbing every part of it
+shares: `ServedStream` and `ServedConsumer` (one attached stream, one consumer of it), the
+coalescing `Flusher` and the save it runs (work-queue removals first, then `store.save`), and
+`ManagerBase`: lookup, wake-ups, closing a consumer, and `ConsumerInfo`.
+
+The manager is built in layers, each a subclass of the one before, each in its own module:
+`ManagerBase` (here) < `RetentionManager` (retention.py) < `SettlementManager` (settlement.py)
+< `DeliveryManager` (delivery.py) < `ConsumerManager` (manager.py). The ordering rules they keep
+together are written in manager.py's docstring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from raftlog.base import limits
+from raftlog.base import subjects as subject_rules
+from raftlog.base.clock import Clock
+from raftlog.base.errors import RaftlogError, Reason
+from raftlog.base.waiters import settle
+from raftlog.internal import storage_pb2
+from raftlog.node.consumers.state import DeliveryState
+from raftlog.node.consumers.store import ConsumerStore
+from raftlog.node.engine.log import StreamLog
+from raftlog.v1 import consumers_pb2
+
+DLQ_HEADERS = ("raftlog-dlq-stream", "raftlog-dlq-consumer", "raftlog-dlq-seq",
+               "raftlog-dlq-subject", "raftlog-dlq-deliveries")
+
+
+class Flusher:
+    """Coalesces the saves of one consumer: at most one in flight; `flush` returns once a save
+    whose snapshot was taken after the call has completed (or raises what that save raised)."""
+
+    def __init__(self, begin_save: Callable[[], Awaitable[None]]) -> None:
+        # begin_save() takes the snapshot synchronously and returns the awaitable that saves it.
+        self._begin_save = begin_save
+        self._requested = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._closed: RaftlogError | None = None
+
+    async def flush(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+        self._requested += 1
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._requested, waiter))
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+        await waiter
+
+    def close(self, error: RaftlogError) -> None:
+        """No save starts after this; every waiter fails with `error`."""
+        self._closed = error
+        self._settle(self._requested, error)
+
+    async def _run(self) -> None:
+        try:
+            while self._closed is None and self._waiters:
+                covered = self._requested  # no await before the snapshot in begin_save()
+                try:
+                    await self._begin_save()
+                except Exception as exc:
+                    self._settle(covered, exc)
+                else:
+                    self._settle(covered, self._closed)
+        finally:
+            self._task = None
+
+    def _settle(self, covered: int, error: BaseException | None) -> None:
+        ready = []
+        while self._waiters and self._waiters[0][0] <= covered:
+            ready.append(self._waiters.popleft()[1])
+        settle(ready, error)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one Ack, Term, Nak or InProgress call did: how many seqs changed state, and each
+    refused seq with why (the others took effect)."""
+
+    applied: int
+    refused: dict[int, RaftlogError] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ServedConsumer:
+    state: DeliveryState
+    flusher: Flusher = field(init=False)
+    # Replaced on every notify: a waiter holds the Event it saw before it looked for work.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    removals: list[int] = field(default_factory=list)  # work queue: done, not yet removed
+    closed: RaftlogError | None = None
+
+
+@dataclass(eq=False)
+class ServedStream:
+    log: StreamLog
+    retention: int
+    subjects: tuple[str, ...]
+    consumers: dict[str, ServedConsumer] = field(default_factory=dict)
+    admin: asyncio.Lock = field(default_factory=asyncio.Lock)  # serialises create and delete
+    trimming: bool = False
+    interest_scanned: int = 0  # interest: seqs up to here were checked against the filters
+    trim_due: set[int] = field(default_factory=set)  # interest: seqs a consumer just finished
+
+
+def may_hold(log: StreamLog, filter_subject: str) -> Callable[[int], bool]:
+    """Whether a seq above the cursor may have been handed to this consumer by an earlier
+    primary: its message is gone, or the filter matches it."""
+    def holds(seq: int) -> bool:
+        entry = log.peek(seq)
+        return entry is None or not filter_subject or subject_rules.matches(filter_subject,
+                                                                            entry.subject)
+    return holds
+
+
+def present_in(log: StreamLog, filter_subject: str = "") -> Callable[[int], bool]:
+    """Whether a seq still holds a message this consumer could be handed (after a failover
+    the cluster's record cannot tell a delivered seq from one the filter skipped)."""
+    def present(seq: int) -> bool:
+        entry = log.peek(seq)
+        return entry is not None and (
+            not filter_subject or subject_rules.matches(filter_subject, entry.subject))
+    return present
+
+
+def check_range(name: str, value: int, *, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise RaftlogError(Reason.INVALID_ARGUMENT, f"{name} must be in {low}..{high}, "
+                           f"not {value}", field=name, limit=high)
+
+
+class ManagerBase:
+    """The streams served, their consumers, and what every layer of the manager shares."""
+
+    def __init__(self, *, store: ConsumerStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._streams: dict[str, ServedStream] = {}
+
+    # ----------------------------------------------------------------- lookup
+
+    def _stream(self, stream: str) -> ServedStream:
+        found = self._streams.get(stream)
+        if found is None:
+            raise RaftlogError(Reason.STREAM_NOT_FOUND, f"no stream named {stream!r}",
+                               stream=stream)
+        return found
+
+    def _lookup(self, stream: str, name: str) -> tuple[ServedStream, ServedConsumer]:
+        found = self._stream(stream)
+        consumer = found.consumers.get(name)
+        if consumer is None:
+            raise self._not_found(stream, name)
+        return found, consumer
+
+    @staticmethod
+    def _not_found(stream: str, name: str) -> RaftlogError:
+        return RaftlogError(Reason.CONSUMER_NOT_FOUND,
+                            f"stream {stream!r} has no consumer named {name!r}",
+                            stream=stream, consumer=name)
+
+    # ----------------------------------------------------------------- wake-ups and closing
+
+    @staticmethod
+    def _notify(consumer: ServedConsumer) -> None:
+        consumer.changed.set()
+        consumer.changed = asyncio.Event()
+
+    def _close(self, consumer: ServedConsumer, error: RaftlogError) -> None:
+        consumer.closed = error
+        consumer.flusher.close(error)
+        self._notify(consumer)
+
+    # ----------------------------------------------------------------- saving
+
+    def _add(self, found: ServedStream, state: DeliveryState) -> ServedConsumer:
+        consumer = ServedConsumer(state=state)
+        consumer.flusher = Flusher(lambda: self._begin_save(found, consumer))
+        found.consumers[state.name] = consumer
+        return consumer
+
+    def _begin_save(self, found: ServedStream, consumer: ServedConsumer) -> Awaitable[None]:
+        record = consumer.state.to_record()
+        removals, consumer.removals = consumer.removals, []
+        return self._finish_save(found, consumer, record, removals)
+
+    async def _finish_save(self, found: ServedStream, consumer: ServedConsumer,
+                           record: storage_pb2.ConsumerRecord,
+                           removals: list[int]) -> None:
+        step = limits.retention_sweep_deletes_max
+        for index in range(0, len(removals), step):
+            try:
+                await found.log.remove(removals[index:index + step])
+            except BaseException:
+                consumer.removals[:0] = removals[index:]
+                raise
+        if consumer.closed is not None:
+            raise consumer.closed
+        await self._store.save(found.log.name, record)
+
+    # ----------------------------------------------------------------- reporting
+
+    def _num_pending(self, found: ServedStream, state: DeliveryState) -> int:
+        log, from_seq = found.log, state.undelivered_from_seq
+        # Acked ahead of the cursor (after a failover): counted by the log, never handed out.
+        acked_ahead = sum(1 for seq in state.acked
+                          if seq >= from_seq and log.peek(seq) is not None)
+        return len(state.start_seqs) + max(0, log.count_matching(
+            from_seq=from_seq, filter_subject=state.config.filter_subject) - acked_ahead)
+
+    def _info(self, found: ServedStream,
+              consumer: ServedConsumer) -> consumers_pb2.ConsumerInfo:
+        state = consumer.state
+        return consumers_pb2.ConsumerInfo(
+            stream=found.log.name, config=state.config, created_ms=state.created_ms,
+            state=state.snapshot(num_pending=self._num_pending(found, state)))

@@ -1,0 +1,127 @@
+"""Settling deliveries: `SettlementManager` answers Ack, Term, Nak and InProgress per seq
+(`Settled`), dead-letters a message out of deliveries (republishing it with `DLQ_HEADERS` when
+the consumer names a dead-letter subject), and makes what became done durable.
+
+Ack and Term return only after a save that includes them has completed, and on a work-queue
+stream only after the messages were removed; Nak and InProgress do not save; dead-lettering
+does, like a Term. Which seqs may be settled is decided in state.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raftlog.base import limits
+from raftlog.node.consumers.retention import RetentionManager
+from raftlog.node.consumers.serving import (
+    DLQ_HEADERS,
+    ServedConsumer,
+    ServedStream,
+    Settled,
+    check_range,
+    may_hold,
+)
+from raftlog.node.consumers.state import DeliveryState
+from raftlog.node.engine.log import LogEntry, StreamLog
+from raftlog.v1 import types_pb2
+
+
+class SettlementManager(RetentionManager):
+    """`RetentionManager` plus acknowledgements and dead letters."""
+
+    async def ack(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
+        """Per seq; the seqs that took effect are durable (and removed from a work queue) on
+        return."""
+        found, consumer = self._lookup(stream, name)
+        state = consumer.state
+        done, refused = state.ack(seqs, commit_seq=found.log.commit_seq,
+                                  may_hold=may_hold(found.log, state.config.filter_subject))
+        if done:
+            _skip_acked_ahead(found.log, state)
+        if len(refused) < len(set(seqs)):  # an accepted seq waits for its (or an earlier) save
+            await self._make_durable(found, consumer, done)
+        return Settled(applied=len(done), refused=refused)
+
+    async def term(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
+        """Never redeliver: counts as acked, durable on return."""
+        return await self.ack(stream, name, seqs)
+
+    async def nak(self, stream: str, name: str, seqs: Sequence[int], *,
+                  delay_ms: int) -> Settled:
+        """Redeliver after `delay_ms`; a seq out of deliveries is dead-lettered instead."""
+        check_range("delay_ms", delay_ms, low=0, high=limits.nak_delay_ms_max)
+        found, consumer = self._lookup(stream, name)
+        state = consumer.state
+        changed, exhausted, refused = state.nak(
+            seqs, delay_s=delay_ms / 1000, now_s=self._clock.monotonic_s(),
+            commit_seq=found.log.commit_seq,
+            may_hold=may_hold(found.log, state.config.filter_subject))
+        self._notify(consumer)
+        dead: list[int] = []
+        for seq in exhausted:
+            entry = found.log.read(seq)
+            if entry is None:
+                consumer.state.drop_removed(seq)
+            elif consumer.closed is None and await self._dead_letter(found, consumer, entry):
+                dead.append(seq)
+        if dead:
+            await self._make_durable(found, consumer, dead)
+        return Settled(applied=changed, refused=refused)
+
+    async def in_progress(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
+        """Restarts the ack wait of each pending seq."""
+        found, consumer = self._lookup(stream, name)
+        state = consumer.state
+        changed, refused = state.in_progress(
+            seqs, now_s=self._clock.monotonic_s(), commit_seq=found.log.commit_seq,
+            may_hold=may_hold(found.log, state.config.filter_subject))
+        return Settled(applied=changed, refused=refused)
+
+    async def _dead_letter(self, found: ServedStream, consumer: ServedConsumer,
+                           entry: LogEntry) -> bool:
+        """Republishes a message out of deliveries (if a subject is set) and gives up on it.
+        False when it was acked while the republish was in flight."""
+        state = consumer.state
+        pending = state.pending.get(entry.seq)
+        if pending is None:
+            return False
+        # Not due while the republish is in flight, so a concurrent fetch leaves it alone.
+        wait_s = state.wait_s(deliveries=pending.deliveries)
+        state.pending.reschedule(entry.seq, deadline_s=self._clock.monotonic_s() + wait_s)
+        subject = state.config.dead_letter_subject
+        if subject:
+            headers = dead_letter_headers(found.log.name, state.name, entry,
+                                          deliveries=pending.deliveries)
+            await found.log.publish_internal(subject=subject, payload=entry.payload,
+                                             headers=headers)
+        return state.dead_letter(entry.seq)
+
+    async def _make_durable(self, found: ServedStream, consumer: ServedConsumer,
+                            done: Sequence[int]) -> None:
+        """After seqs became done: wake fetchers, save (removing work-queue messages first),
+        then trim an interest stream."""
+        if done:
+            if found.retention == types_pb2.RETENTION_POLICY_WORK_QUEUE:
+                consumer.removals.extend(done)
+            self._notify(consumer)
+        # Also when nothing changed: a repeated ack must not return before the first one's save.
+        await consumer.flusher.flush()
+        if done:
+            await self._maybe_trim(found, done)
+
+
+def dead_letter_headers(stream: str, consumer: str, entry: LogEntry, *,
+                        deliveries: int) -> tuple[tuple[str, str], ...]:
+    values = (stream, consumer, str(entry.seq), entry.subject, str(deliveries))
+    return entry.headers + tuple(zip(DLQ_HEADERS, values, strict=True))
+
+
+def _skip_acked_ahead(log: StreamLog, state: DeliveryState) -> None:
+    """After acks ahead of the cursor: moves the cursor (and so the floor) over the ones that
+    are next in line, so that the floor does not wait for a fetch to pass them."""
+    if state.start_seqs or not state.acked:
+        return
+    for entry in log.scan(from_seq=state.delivered_seq + 1,
+                          filter_subject=state.config.filter_subject, limit=len(state.acked)):
+        if not state.skip_acked_ahead(entry.seq):
+            return
