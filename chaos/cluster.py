@@ -13,7 +13,7 @@ import collections
 import contextlib
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -52,10 +52,17 @@ def free_base_port(port_count: int, *, rng: random.Random | None = None) -> int:
 class LocalCluster:
     """`with LocalCluster(tmp_path / "c", nodes=3).start_all() as cluster: ...`"""
 
-    def __init__(self, root: Path, *, nodes: int = 3, secret_file: Path | None = None) -> None:
+    def __init__(self, root: Path, *, nodes: int = 3, secret_file: Path | None = None,
+                 prepare: Callable[[list[NodeSpec]], None] | None = None,
+                 node_args: Callable[[NodeSpec], Sequence[str]] | None = None) -> None:
+        """`prepare(specs)` runs once the nodes' addresses are chosen, before any starts (the
+        chaos harness makes its proxies there); `node_args(spec)` are extra `raftlog node`
+        flags for that node, on every start."""
         self.root = root
         self.size = nodes
         self.secret_file = secret_file
+        self._prepare = prepare
+        self._node_args = node_args
         self.specs: dict[int, NodeSpec] = {}
         self.nodes: dict[int, LocalNode] = {}  # every node started, by index
         self.running: set[int] = set()
@@ -86,12 +93,16 @@ class LocalCluster:
     def _up(self) -> None:
         for _ in range(base_port_attempts_max):
             base_port = free_base_port(localcluster.ports_per_node * self.size)
+            if self._prepare is not None:
+                self._prepare(localcluster.plan(nodes=self.size, base_port=base_port,
+                                                data_dir=self.root))
             try:
                 started = localcluster.up(
                     nodes=self.size,
                     base_port=base_port,
                     data_dir=self.root,
                     secret_file=self.secret_file,
+                    extra_args=self._node_args,
                 )
             except LocalClusterError as exc:
                 if exc.reason is Refusal.PORT_IN_USE:  # taken since the probe: try another
@@ -106,8 +117,10 @@ class LocalCluster:
 
     def start(self, i: int, *, timeout_s: float = serving_timeout_s) -> LocalNode:
         """Starts node i again (same id, ports and data) and waits until it serves gRPC."""
+        spec = self.specs[i]
         node = localcluster.start_node(
-            self.specs[i], secret_file=self.secret_file, python=self._python(i)
+            spec, secret_file=self.secret_file, python=self._python(i),
+            extra_args=self._node_args(spec) if self._node_args else (),
         )
         self.nodes[i] = node
         self.running.add(i)

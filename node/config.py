@@ -25,6 +25,14 @@ class NodeConfig:
     # A replica on a member silent for longer than this is re-created on another member
     # (None: limits.replace_dead_after_s_default).
     replace_dead_after_s: float | None = None
+    # Where to connect instead, by the address a member is known by (its Raft, peer or
+    # client address): the chaos harness puts a proxy on every link this way. Empty: dial the
+    # addresses themselves.
+    dial: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def dial_address(self, address: str) -> str:
+        """The address to connect to for a member known by `address`."""
+        return dict(self.dial).get(address, address)
 
     @property
     def name(self) -> str:

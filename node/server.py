@@ -83,8 +83,9 @@ class Node:
         self.peer_server: grpc.aio.Server | None = None
         self.port = 0
         self.peer_port = 0
-        self.pool = ChannelPool()
-        self.stream_relay_pool = ChannelPool(options=STREAM_RELAY_OPTIONS)
+        self.pool = ChannelPool(dial=config.dial_address)
+        self.stream_relay_pool = ChannelPool(options=STREAM_RELAY_OPTIONS,
+                                             dial=config.dial_address)
         self.peers: PeerClient | None = None
         self.credential: Credential | None = None
         self.group: RaftGroup | None = None
@@ -123,6 +124,7 @@ class Node:
             on_leader_change=lambda event: self._cluster_node().on_leader_change(event),
             clock=self.clock,
             stuck=self._loop_stuck,
+            dial=self.config.dial_address,
         )
 
     def _loop_stuck(self) -> bool:
@@ -142,7 +144,8 @@ class Node:
                               consumer_store=self.raft_consumers)
         self.credential = Credential(self.config.cluster_secret, clock=self.clock)
         self.peers = PeerClient(node_id=cluster.node_id, credential=self.credential,
-                                address_of=cluster.member_peer_address)
+                                address_of=cluster.member_peer_address,
+                                dial=self.config.dial_address)
         cluster.replication = ReplicationManager(node_id=cluster.node_id,
                                                  transport=GrpcLinkTransport(self.peers),
                                                  clock=self.clock)

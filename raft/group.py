@@ -122,12 +122,16 @@ class RaftGroup(ElectionGuard, SnapshotIO):
         loop: asyncio.AbstractEventLoop | None = None,
         timings: RaftTimings | None = None,
         stuck: Callable[[], bool] | None = None,
+        dial: Callable[[str], str] | None = None,
     ) -> None:
         """Binds the Raft port and starts pysyncobj's tick thread; raises RaftlogError
         (INVALID_CONFIG) for a bad address, a port that cannot be bound, or a non-loopback bind
         without a secret. `peers` are the other members' Raft addresses (self is ignored).
-        `journal_cfs` = (log CF, meta CF) of `journal_db`. Call from the node's main thread."""
+        `journal_cfs` = (log CF, meta CF) of `journal_db`. `dial` maps a member's Raft address
+        to the address to connect to (a proxy on the link); by default the address itself.
+        Call from the node's main thread."""
         self.self_address = self_address
+        self.dial_address: Callable[[str], str] = dial or (lambda address: address)
         bind = bind_address or self_address
         split_address(self_address)
         for peer in peers:

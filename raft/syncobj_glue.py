@@ -132,6 +132,26 @@ class _DurableTransport(TCPTransport):  # type: ignore[misc]
         # the next tick counts the leader in a commit quorum.
         syncObj.addOnTickCallback(self._journal.sync)
 
+    def _connectIfNecessarySingle(self, node: Any) -> bool:
+        """pysyncobj's own, except that a member may be reached through another address (the
+        group's `dial`: a proxy on the link) while it keeps its identity, its Raft address."""
+        via = self._syncObj._raftlog_group.dial_address(node.address)
+        if via == node.address:
+            return bool(super()._connectIfNecessarySingle(node))
+        connection = self._connections.get(node)
+        if connection is not None and \
+                connection.state != pysyncobj.tcp_connection.CONNECTION_STATE.DISCONNECTED:
+            return True
+        if not self._shouldConnect(node) or connection is None:
+            return False
+        last = self._lastConnectAttempt.get(node)
+        if last is not None and \
+                _pysyncobj_monotonic() - last < self._syncObj.conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = _pysyncobj_monotonic()
+        host, _, port = via.rpartition(":")
+        return bool(connection.connect(host, int(port)))
+
     def send(self, node: Any, message: Any) -> bool:
         if isinstance(message, dict):
             kind = message.get("type")

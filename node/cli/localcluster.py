@@ -28,7 +28,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,13 +188,15 @@ def check_can_start(specs: Iterable[NodeSpec]) -> None:
                 )
 
 
-def start_node(spec: NodeSpec, *, secret_file: Path | None, python: str) -> LocalNode:
+def start_node(spec: NodeSpec, *, secret_file: Path | None, python: str,
+               extra_args: Sequence[str] = ()) -> LocalNode:
     """Starts one node detached (own session, stdin /dev/null, output appended to its log)
-    and records it in its pid file. Does not wait for it to serve."""
+    and records it in its pid file. Does not wait for it to serve. `extra_args` go after the
+    node's own flags (e.g. the chaos harness's `--dial`s)."""
     check_can_start([spec])
     spec.data_dir.mkdir(parents=True, exist_ok=True)
     secret_file = ensure_secret(spec.root, secret_file)
-    command = node_command(spec, secret_file=secret_file, python=python)
+    command = [*node_command(spec, secret_file=secret_file, python=python), *extra_args]
     with spec.log_path.open("ab") as log:
         process = subprocess.Popen(
             command,
@@ -216,6 +218,7 @@ def up(
     data_dir: Path,
     secret_file: Path | None,
     python: str = sys.executable,
+    extra_args: Callable[[NodeSpec], Sequence[str]] | None = None,
 ) -> list[LocalNode]:
     """Starts the cluster's nodes without waiting for them (see `wait_ready`). Checks every
     node before starting any; if one fails to start, the ones already started are stopped."""
@@ -225,7 +228,8 @@ def up(
     started: list[LocalNode] = []
     try:
         for spec in specs:
-            started.append(start_node(spec, secret_file=secret_file, python=python))
+            started.append(start_node(spec, secret_file=secret_file, python=python,
+                                      extra_args=extra_args(spec) if extra_args else ()))
     except BaseException:
         stop([node.record() for node in started], timeout_s=stop_timeout_s_default)
         raise

@@ -27,7 +27,7 @@ import os
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from raftlog.base import limits
 from raftlog.node.cli import format as fmt
@@ -49,8 +49,13 @@ from raftlog.node.cli.streams import add_stream_commands
 from raftlog.node.config import NodeConfig, default_peer_address
 from raftlog.node.transport.credentials import WeakSecret, read_secret_file
 
+CHAOS_COMMAND = "chaos"
+
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == [CHAOS_COMMAND]:
+        return _run_chaos(args_in[1:])
     parser = build_parser()
     try:
         args = _parse(parser, argv)
@@ -111,7 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_stream_commands(commands)
     add_cluster_commands(commands)
     add_consumer_commands(commands)
+    commands.add_parser(CHAOS_COMMAND, add_help=False,
+                        help="break a local cluster on purpose and check nothing acknowledged "
+                        "is lost (`raftlog chaos --help`)")
     return parser
+
+
+def _run_chaos(argv: list[str]) -> NoReturn:
+    """`raftlog chaos ...` is the chaos harness (raftlog.chaos, a package above the node's):
+    handed over to `python -m raftlog.chaos` in this process's place."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "raftlog.chaos", *argv])
 
 
 _EXAMPLES = """\
@@ -176,6 +192,15 @@ def _add_node(commands: Any) -> None:
         help="peer listener for node-to-node calls (default: the Raft host, Raft port + 1)",
     )
     node.add_argument(
+        "--dial",
+        action="append",
+        default=[],
+        metavar="ADDR=VIA",
+        type=typed(dial_pair),
+        help="connect to VIA whenever connecting to a member at ADDR (its Raft, peer or "
+        "client address); repeatable. For proxies on every link (raftlog chaos)",
+    )
+    node.add_argument(
         "--secret-file",
         type=Path,
         default=Path(os.environ["RAFTLOG_SECRET_FILE"]) if os.environ.get(
@@ -192,6 +217,14 @@ def _add_node(commands: Any) -> None:
         help="default INFO",
     )
     node.set_defaults(run=_run_node)
+
+
+def dial_pair(text: str) -> tuple[str, str]:
+    """ADDR=VIA, two host:port addresses."""
+    target, sep, via = text.partition("=")
+    if not sep:
+        raise ValueError(f"expected ADDR=VIA, not {text!r}")
+    return address(target), address(via)
 
 
 def _version() -> str:
@@ -225,5 +258,6 @@ def _run_node(args: argparse.Namespace) -> int:
         cluster_secret=secret,
         log_level=args.log_level,
         replace_dead_after_s=args.replace_dead_after,
+        dial=tuple(args.dial),
     )
     return server.run(config)

@@ -91,6 +91,8 @@ class StreamOps:
         subjects.validate_name(request.name, what="stream")
 
         async def local() -> types_pb2.StreamInfo:
+            # Its last_seq is a read of the log: served under the same rules as messages.
+            self._engine.get(request.name).check_readable()
             return self._engine.info(request.name)
 
         return await self._on_primary(canonical.GET_STREAM_INFO, request.name, request, via,

@@ -216,6 +216,10 @@ class StreamReplicator:
         self.node_id = node_id
         self.epoch = epoch
         self.history = history
+        # What this primary took over from the epochs before its own: it serves reads once
+        # all of it is committed (a read must not miss a write acknowledged by the old one).
+        self.read_floor_seq = next((start for e, start in reversed(history) if e == epoch),
+                                   1) - 1
         self._history_pb = [raft_pb2.EpochStart(fence_epoch=e, start_seq=s) for e, s in history]
         self.replica_count = len(replicas)
         self.progress = {n: ReplicaProgress(n) for n in replicas if n != node_id}
@@ -237,6 +241,11 @@ class StreamReplicator:
             raise RaftlogError(Reason.NOT_PRIMARY, f"the primary of {self.stream.name!r} has "
                                "not heard from a majority of its replicas within its lease",
                                stream=self.stream.name)
+        if self.stream.commit_seq < self.read_floor_seq:
+            raise RaftlogError(Reason.CATCHING_UP, f"the new primary of {self.stream.name!r} "
+                               "has not yet committed the messages it took over; retry",
+                               stream=self.stream.name,
+                               retry_after_ms=int(limits.replication_heartbeat_s * 1000))
 
     def check_writable(self) -> None:
         """Fails fast (NO_QUORUM, retryable) when a majority of the replicas has not answered

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -17,8 +18,12 @@ STREAM_RELAY_OPTIONS: list[tuple[str, Any]] = [("grpc.http2.bdp_probe", 0)]
 class ChannelPool:
     """At most limits.channels_max channels; the least recently used is closed beyond."""
 
-    def __init__(self, *, options: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(self, *, options: list[tuple[str, Any]] | None = None,
+                 dial: Callable[[str], str] | None = None) -> None:
+        """`dial` maps the address a node is known by to the one to connect to (a proxy on
+        the link, config.NodeConfig.dial); channels stay keyed by the former."""
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._dial = dial or (lambda address: address)
         merged = dict([
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
@@ -34,7 +39,7 @@ class ChannelPool:
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.pop(address, None)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = grpc.aio.insecure_channel(self._dial(address), options=self._options)
             if len(self._channels) >= limits.channels_max:
                 oldest = next(iter(self._channels))
                 self._channels.pop(oldest)

@@ -115,13 +115,14 @@ class PeerClient:
     """Calls to other members' peer listeners, signed as this node."""
 
     def __init__(self, *, node_id: str, credential: Credential,
-                 address_of: Callable[[str], str]) -> None:
+                 address_of: Callable[[str], str],
+                 dial: Callable[[str], str] | None = None) -> None:
         """`address_of(node_id)` is a member's peer address (raises RaftlogError when the
-        member is unknown)."""
+        member is unknown); `dial` as ChannelPool's."""
         self.node_id = node_id
         self._credential = credential
         self._address_of = address_of
-        self.pool = ChannelPool(options=peer_channel_options())
+        self.pool = ChannelPool(options=peer_channel_options(), dial=dial)
 
     def metadata(self, method: str) -> tuple[tuple[str, str], ...]:
         return ((PEER_TOKEN_HEADER, self._credential.token(principal=self.node_id,

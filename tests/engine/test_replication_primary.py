@@ -339,3 +339,43 @@ def test_the_in_memory_link_runs_the_replicate_servicer_code(tmp_path: Path) -> 
         assert calls
 
     run(tmp_path, body)
+
+
+def test_a_new_primary_serves_reads_once_what_it_took_over_is_committed(
+        tmp_path: Path) -> None:
+    """r1 holds seqs 1-2, acknowledged by the old primary, but never heard they were committed.
+    Promoted at epoch 2, it refuses reads (CATCHING_UP, retryable) rather than answer without
+    them, until a majority holds its tail; then it serves them."""
+
+    async def body(c: Cluster) -> None:
+        # The fake clock stands still: no heartbeat tells the replicas the commit.
+        assert await c.publish(b"a", b"b") == [1, 2]
+        c.cut(R1, R2)
+        await c.manager.stop()
+        new = c.replica(R1)
+        assert new.last_seq == 2 and new.commit_seq < 2
+        c.nodes[PRIMARY].stream.become_replica()
+        new.become_primary(epoch=2)
+        manager = ReplicationManager(node_id=R1, transport=c.network.transport(R1),
+                                     clock=c.clock)
+        manager.lead(new, replicas=(R1, PRIMARY, R2), epoch=2, history=[(1, 1), (2, 3)])
+        try:
+            seen: list[str] = []  # what each read answered, tick after tick
+            deadline = asyncio.get_running_loop().time() + wait_s_max
+            while not seen or seen[-1] != "b":
+                assert asyncio.get_running_loop().time() < deadline, f"never served: {seen}"
+                try:
+                    seen.append(new.get_message(2).payload.decode())
+                except RaftlogError as err:
+                    seen.append(err.reason.name)
+                c.clock.advance(limits.replication_heartbeat_s)
+                manager.links.tick()
+                await asyncio.sleep(step_s)
+            # Refused (no lease yet, then not caught up) until it could answer; never
+            # MESSAGE_NOT_FOUND for an acknowledged message.
+            assert set(seen[:-1]) <= {"NOT_PRIMARY", "CATCHING_UP"}, seen
+            assert new.commit_seq >= 2
+        finally:
+            await manager.stop()
+
+    run(tmp_path, body)

@@ -1,0 +1,299 @@
+"""One chaos run: a local cluster with a Toxiproxy proxy on every link, a workload (publishers
+through random nodes with msg_ids and retries, unary and batched; a consumer that fetches and
+acks; a prober publishing every 50 ms; a reader), a seeded schedule of faults, then heal,
+convergence, and the checkers over the whole history (`run_chaos`, `raftlog chaos run`).
+
+Everything is bounded in time and cleaned up: the nodes and the Toxiproxy server this run
+started are stopped by pid, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raftlog.base.clock import FakeClock
+from raftlog.chaos import workload as wl
+from raftlog.chaos.checks.verdict import Verdict, check_all
+from raftlog.chaos.cluster import LocalCluster
+from raftlog.chaos.events import HistoryWriter
+from raftlog.chaos.links import ProxyNet
+from raftlog.chaos.nemesis import NEMESES, Schedule
+from raftlog.chaos.recorded import PROBE_NAME, FaultEvent, Read, final_state, to_history
+from raftlog.chaos.toxiproxy.launch import ToxiproxyProcess, start_toxiproxy
+from raftlog.node.cli.localcluster import NodeSpec
+from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, streams_pb2, streams_pb2_grpc
+
+STREAM = "chaos"
+SUBJECT_PREFIX = "chaos"
+CONSUMER = "auditor"
+probe_period_s = 0.05  # the prober publishes this often, each with its own deadline
+probe_timeout_s = 1.0
+read_period_s = 0.1
+read_timeout_s = 1.0
+call_timeout_s = 2.0
+route_timeout_s = 2.0
+heal_timeout_s = 60.0  # after the last fault: every node back and the replicas converged
+drain_timeout_s = 30.0  # the consumer's drain after the publishers stop
+batch_size = 10  # the batched publisher's PublishBatch size
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    workdir: Path
+    nodes: int = 3
+    duration_s: float = 60.0
+    nemeses: tuple[str, ...] = ()
+    rate_per_s: float = 200.0  # messages per second, over both publishers
+    seed: int = 0
+    fault_s: tuple[float, float] = (4.0, 8.0)
+    quiet_s: tuple[float, float] = (3.0, 6.0)
+
+    @property
+    def replicas(self) -> int:
+        return min(3, self.nodes)
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    verdict: Verdict
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    acknowledged: int = 0
+    elapsed_s: float = 0.0
+    history_path: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok
+
+    def replay_command(self) -> str:
+        c = self.config
+        return (f"raftlog chaos run --nodes {c.nodes} --duration {c.duration_s:g} --nemesis "
+                f"{','.join(c.nemeses) or 'none'} --rate {c.rate_per_s:g} --seed {c.seed}")
+
+    def to_dict(self) -> dict[str, Any]:
+        config = asdict(self.config)
+        config["workdir"] = str(self.config.workdir)
+        return {"config": config, "ok": self.ok, "elapsed_s": round(self.elapsed_s, 3),
+                "acknowledged": self.acknowledged, "faults": self.faults,
+                "verdict": self.verdict.to_dict(), "history": self.history_path,
+                "replay": self.replay_command()}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ChaosCluster:
+    """The cluster under test, as nemeses see it (nemesis.Target)."""
+
+    def __init__(self, config: RunConfig, toxiproxy: ToxiproxyProcess) -> None:
+        self.rng = random.Random(f"{config.seed}:nemesis")
+        self._toxiproxy = toxiproxy
+        self._net: ProxyNet | None = None
+        self.cluster = LocalCluster(config.workdir / "cluster", nodes=config.nodes,
+                                    prepare=self._prepare, node_args=self._node_args)
+
+    def _prepare(self, specs: list[NodeSpec]) -> None:
+        self._net = ProxyNet(specs, api_host=self._toxiproxy.host,
+                             api_port=self._toxiproxy.port).create()
+
+    def _node_args(self, spec: NodeSpec) -> list[str]:
+        return self.net.dial_args(spec)
+
+    @property
+    def net(self) -> ProxyNet:
+        if self._net is None:
+            raise RuntimeError("the cluster's proxies are made when it starts")
+        return self._net
+
+    def node_indexes(self) -> list[int]:
+        return sorted(self.cluster.specs)
+
+    def running(self) -> list[int]:
+        return sorted(self.cluster.running)
+
+    def addresses(self) -> list[str]:
+        """Where clients call: each node's client proxy."""
+        return [self.net.client_address(i) for i in self.node_indexes()]
+
+    def node_of(self) -> dict[str, str]:
+        return {self.net.client_address(i): f"n{i}" for i in self.node_indexes()}
+
+    def peer_access(self) -> wl.PeerAccess:
+        access = self.cluster.peer_access()
+        peer_of = dict(access.peer_of)
+        for i, spec in self.cluster.specs.items():
+            peer_of[self.net.client_address(i)] = spec.peer_address
+        return wl.PeerAccess(credential=access.credential, peer_of=peer_of)
+
+    async def primary(self) -> int:
+        return await asyncio.to_thread(self._route_primary)
+
+    def _route_primary(self) -> int:
+        for i in self.running():
+            channel = grpc.insecure_channel(self.cluster.specs[i].grpc_address)
+            try:
+                route = cluster_pb2_grpc.ClusterStub(channel).ExplainRoute(
+                    cluster_pb2.ExplainRouteRequest(stream=STREAM), timeout=route_timeout_s)
+                return self.cluster.index_of(route.primary)
+            except grpc.RpcError:
+                continue
+            finally:
+                channel.close()
+        return self.rng.choice(self.running())
+
+    async def leader(self) -> int:
+        leader = await asyncio.to_thread(self.cluster.leader_id, among=self.running())
+        return self.cluster.index_of(leader) if leader else self.rng.choice(self.running())
+
+    async def kill9(self, i: int) -> None:
+        await asyncio.to_thread(self.cluster.kill9, i)
+
+    async def restart(self, i: int) -> None:
+        if i in self.cluster.running:
+            await asyncio.to_thread(self.cluster.stop, i)
+        await asyncio.to_thread(self.cluster.start, i)
+
+    def pid(self, i: int) -> int:
+        return self.cluster.node(i).pid
+
+
+class Reader:
+    """GetStreamInfo through a random node every read_period_s: the last seq it reports."""
+
+    def __init__(self, addresses: list[str], rng: random.Random) -> None:
+        self._addresses = addresses
+        self._rng = rng
+        self.reads: list[Read] = []
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def run(self) -> None:
+        channels = {a: grpc.aio.insecure_channel(a) for a in self._addresses}
+        try:
+            while not self._stopping:
+                address = self._rng.choice(self._addresses)
+                stub = streams_pb2_grpc.StreamsStub(channels[address])  # type: ignore[no-untyped-call]
+                sent = time.monotonic()
+                try:
+                    info = await stub.GetStreamInfo(
+                        streams_pb2.GetStreamInfoRequest(name=STREAM), timeout=read_timeout_s)
+                    self.reads.append(Read(address, sent, time.monotonic(),
+                                           int(info.state.last_seq)))
+                except grpc.RpcError as exc:
+                    self.reads.append(Read(address, sent, time.monotonic(), None,
+                                           wl.error_name(exc)))
+                await asyncio.sleep(read_period_s)
+        finally:
+            for channel in channels.values():
+                await channel.close(None)
+
+
+async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[[str], None]
+                    ) -> RunResult:
+    addresses = target.addresses()
+    await wl.create_stream(addresses, STREAM, subjects=[f"{SUBJECT_PREFIX}.>"],
+                           replicas=config.replicas)
+    half = config.rate_per_s / 2
+    publishers = [
+        wl.Publisher(addresses, wl.PublisherConfig(
+            stream=STREAM, subject_prefix=SUBJECT_PREFIX, name="p1", subjects=4,
+            count_max=10**9, duration_s_max=config.duration_s, rate_per_s=half,
+            call_timeout_s=call_timeout_s), seed=config.seed),
+        wl.Publisher(addresses, wl.PublisherConfig(
+            stream=STREAM, subject_prefix=SUBJECT_PREFIX, name="p2", subjects=4,
+            count_max=10**9, duration_s_max=config.duration_s, rate_per_s=half,
+            batch_size=batch_size, call_timeout_s=call_timeout_s), seed=config.seed),
+        wl.Publisher(addresses, wl.PublisherConfig(
+            stream=STREAM, subject_prefix=f"{SUBJECT_PREFIX}.probe", name=PROBE_NAME,
+            count_max=10**9, duration_s_max=config.duration_s,
+            rate_per_s=1 / probe_period_s, call_timeout_s=probe_timeout_s),
+            seed=config.seed),
+    ]
+    consumer = wl.Consumer(addresses, wl.ConsumerConfig(
+        stream=STREAM, name=CONSUMER, duration_s_max=config.duration_s + heal_timeout_s
+        + drain_timeout_s, call_timeout_s=call_timeout_s), seed=config.seed)
+    await consumer.create()
+    reader = Reader(addresses, random.Random(f"{config.seed}:reader"))
+    schedule = Schedule(list(config.nemeses), target.rng, fault_s=config.fault_s,
+                        quiet_s=config.quiet_s)
+    started_at = time.monotonic()
+    faults: list[FaultEvent] = []
+
+    def on_event(name: str, phase: str, targets: list[int], majority: bool) -> None:
+        at = time.monotonic()
+        faults.append(FaultEvent(at, name, phase, tuple(f"n{i}" for i in targets), majority))
+        progress(f"{at - started_at:7.1f} s  {phase:5} {name} "
+                 f"{','.join(f'n{i}' for i in targets)}")
+
+    consume_task = asyncio.create_task(consumer.run())
+    read_task = asyncio.create_task(reader.run())
+    published = await asyncio.gather(
+        *(p.run() for p in publishers),
+        schedule.run(target, duration_s=config.duration_s,
+                     clock=lambda: time.monotonic() - started_at, on_event=on_event))
+    reader.stop()
+    await read_task
+    progress("faults over: healing, restarting, waiting for the replicas to converge")
+    await _heal(target)
+    consumer.stop(drain_timeout_s=drain_timeout_s)
+    consumed = await consume_task
+    contents = await wl.read_stream(addresses, STREAM)
+    peer = target.peer_access()
+    await wl.wait_replicas_converged(addresses, STREAM, copies_min=config.replicas,
+                                     timeout_s=heal_timeout_s, peer=peer)
+    survey = await wl.read_replicas(addresses, STREAM, peer=peer)
+    history = to_history(started_at=started_at, stream=STREAM, node_of=target.node_of(),
+                         published=[h for h in published if h is not None],
+                         consumed=[consumed], reads=reader.reads, faults=faults)
+    history_path = config.workdir / "history.jsonl"
+    with HistoryWriter.open(history_path, clock=FakeClock()) as writer:
+        for op in history:
+            writer.append(op)
+    verdict = check_all(history, final_state(contents, survey), seed=config.seed,
+                        instant_faults=frozenset(NEMESES))
+    return RunResult(config=config, verdict=verdict, acknowledged=verdict.acknowledged,
+                     faults=[asdict(w) for w in schedule.windows],
+                     history_path=str(history_path))
+
+
+async def _heal(target: ChaosCluster) -> None:
+    await asyncio.to_thread(target.net.heal)
+    for i in target.node_indexes():
+        if i not in target.cluster.running:
+            await asyncio.to_thread(target.cluster.start, i)
+    await asyncio.to_thread(target.cluster.wait_for_leader, heal_timeout_s)
+
+
+def run_chaos(config: RunConfig, *, progress: Callable[[str], None] = print) -> RunResult:
+    """Runs the whole thing; the report lands in workdir/report.json."""
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    begun = time.monotonic()
+    toxiproxy = start_toxiproxy("127.0.0.1", _free_port())
+    target = ChaosCluster(config, toxiproxy)
+    try:
+        progress(f"toxiproxy at {toxiproxy.url} ({'bundled' if toxiproxy.bundled else 'binary'});"
+                 f" starting {config.nodes} nodes")
+        target.cluster.start_all()
+        result = asyncio.run(_workload(config, target, progress))
+    finally:
+        target.cluster.stop_all()
+        toxiproxy.stop()
+    result.elapsed_s = time.monotonic() - begun
+    (config.workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return result
