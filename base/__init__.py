@@ -7,4 +7,5 @@ and never grpc, RocksDB or pysyncobj.
 - `limits`   every limit of a node, with its unit last (docs/limits.md).
 - `subjects` names and subjects: validation and wildcard matching.
 - `files`    durable file helpers (fsync of a directory).
+- `fatal`    a write or fsync the disk refused ends the process.
 """

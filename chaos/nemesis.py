@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raftlog.chaos.links import Link, LinkKind, ProxyNet
+from raftlog.chaos.powerfs import PowerFs
 
 flap_period_s = (1.0, 2.0)  # a flapping partition changes this often (uniform in the range)
 hogs_default = 4  # busy processes beside the nodes for CPU starvation
@@ -63,6 +64,14 @@ class Target(Protocol):
         ...
 
     def pid(self, i: int) -> int: ...
+
+    async def ensure_running(self, i: int) -> None:
+        """Starts node i again if it is not running (e.g. it stopped on a full disk)."""
+        ...
+
+    def disk(self, i: int) -> PowerFs:
+        """Node i's data directory file system (runs with power faults only)."""
+        ...
 
 
 @dataclass
@@ -115,6 +124,70 @@ class Kill:
         for i in self._killed:
             await target.restart(i)
         self._killed = []
+
+
+@dataclass
+class PowerLoss:
+    """Power loss: the victims are killed (-9) and their disks forget every write not synced
+    (`writeback`: a seeded part of it reaches the disk first, out of order); they start again
+    when the fault stops. Of the whole cluster, one node, or the primary (while it acks a
+    steady stream of publishes)."""
+
+    whom: str  # all | node | primary
+    writeback: bool = False
+    name: str = ""
+    _victims: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"power-loss-{self.whom}" + ("-writeback" if self.writeback
+                                                              else "")
+
+    async def start(self, target: Target) -> Started:
+        nodes = target.running()
+        if self.whom == "all":
+            victims = list(nodes)
+        elif self.whom == "primary":
+            victims = [await target.primary()]
+        else:
+            victims = [target.rng.choice(nodes)]
+        for i in victims:
+            await target.kill9(i)
+        for i in victims:
+            disk = target.disk(i)
+            if self.writeback:
+                seed = target.rng.randrange(2**31)
+                await asyncio.to_thread(disk.writeback, seed=seed, fraction=0.5)
+            else:
+                await asyncio.to_thread(disk.drop)
+        self._victims = victims
+        alive = len(target.node_indexes()) - len(victims)
+        return Started(victims, majority_connected=alive >= _majority(len(target.node_indexes())))
+
+    async def stop(self, target: Target) -> None:
+        for i in self._victims:
+            await target.ensure_running(i)
+        self._victims = []
+
+
+@dataclass
+class DiskFull:
+    """One node's disk is full (ENOSPC on every write) while the fault lasts; the node is
+    started again afterwards if it stopped."""
+
+    name: str = "disk-full"
+    _victims: list[int] = field(default_factory=list)
+
+    async def start(self, target: Target) -> Started:
+        victim = target.rng.choice(target.running())
+        await asyncio.to_thread(target.disk(victim).set_full, 0)
+        self._victims = [victim]
+        return Started([victim])
+
+    async def stop(self, target: Target) -> None:
+        for i in self._victims:
+            await asyncio.to_thread(target.disk(i).ok)
+            await target.ensure_running(i)
+        self._victims = []
 
 
 @dataclass
@@ -286,7 +359,15 @@ NEMESES: dict[str, Callable[[], Fault]] = {
     "limit-data": lambda: SlowLinks("limit-data"),
     "cpu": lambda: CpuStarvation(),
     "rolling-restart": lambda: RollingRestart(),
+    "power-loss-all": lambda: PowerLoss("all"),
+    "power-loss-node": lambda: PowerLoss("node"),
+    "power-loss-primary": lambda: PowerLoss("primary"),
+    "power-loss-writeback": lambda: PowerLoss("node", writeback=True),
+    "disk-full": lambda: DiskFull(),
 }
+# The nemeses that need each node's data directory on the power-loss file system.
+POWER_NEMESES = frozenset({"power-loss-all", "power-loss-node", "power-loss-primary",
+                           "power-loss-writeback", "disk-full"})
 
 
 def parse_nemeses(text: str) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import socket
 import time
@@ -27,7 +28,8 @@ from raftlog.chaos.checks.verdict import Verdict, check_all
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.events import HistoryWriter
 from raftlog.chaos.links import ProxyNet
-from raftlog.chaos.nemesis import NEMESES, Schedule
+from raftlog.chaos.nemesis import NEMESES, POWER_NEMESES, Schedule
+from raftlog.chaos.powerfs import PowerFs
 from raftlog.chaos.recorded import PROBE_NAME, FaultEvent, Read, final_state, to_history
 from raftlog.chaos.toxiproxy.launch import ToxiproxyProcess, start_toxiproxy
 from raftlog.node.cli.localcluster import NodeSpec
@@ -62,6 +64,11 @@ class RunConfig:
     def replicas(self) -> int:
         return min(3, self.nodes)
 
+    @property
+    def power(self) -> bool:
+        """The nodes' data directories go on the power-loss file system (chaos/powerfs)."""
+        return bool(POWER_NEMESES & set(self.nemeses))
+
 
 @dataclass
 class RunResult:
@@ -90,6 +97,14 @@ class RunResult:
                 "replay": self.replay_command()}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -101,14 +116,39 @@ class ChaosCluster:
 
     def __init__(self, config: RunConfig, toxiproxy: ToxiproxyProcess) -> None:
         self.rng = random.Random(f"{config.seed}:nemesis")
+        self._config = config
         self._toxiproxy = toxiproxy
         self._net: ProxyNet | None = None
+        self.disks: dict[int, PowerFs] = {}
         self.cluster = LocalCluster(config.workdir / "cluster", nodes=config.nodes,
                                     prepare=self._prepare, node_args=self._node_args)
 
     def _prepare(self, specs: list[NodeSpec]) -> None:
         self._net = ProxyNet(specs, api_host=self._toxiproxy.host,
                              api_port=self._toxiproxy.port).create()
+        if self._config.power:
+            self.unmount()
+            for spec in specs:
+                backing = self._config.workdir / "disks" / spec.node_id
+                backing.mkdir(parents=True, exist_ok=True)
+                spec.data_dir.mkdir(parents=True, exist_ok=True)
+                self.disks[spec.index] = PowerFs.mount(backing, spec.data_dir)
+
+    def unmount(self) -> None:
+        for disk in self.disks.values():
+            disk.unmount()
+        self.disks.clear()
+
+    def disk(self, i: int) -> PowerFs:
+        return self.disks[i]
+
+    async def ensure_running(self, i: int) -> None:
+        node = self.cluster.nodes.get(i)
+        alive = node is not None and i in self.cluster.running and _alive(node.pid)
+        if not alive:
+            if i in self.cluster.running:
+                await asyncio.to_thread(self.cluster.kill9, i)
+            await asyncio.to_thread(self.cluster.start, i)
 
     def _node_args(self, spec: NodeSpec) -> list[str]:
         return self.net.dial_args(spec)
@@ -274,9 +314,10 @@ async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[
 
 async def _heal(target: ChaosCluster) -> None:
     await asyncio.to_thread(target.net.heal)
+    for disk in target.disks.values():
+        await asyncio.to_thread(disk.ok)
     for i in target.node_indexes():
-        if i not in target.cluster.running:
-            await asyncio.to_thread(target.cluster.start, i)
+        await target.ensure_running(i)
     await asyncio.to_thread(target.cluster.wait_for_leader, heal_timeout_s)
 
 
@@ -293,6 +334,7 @@ def run_chaos(config: RunConfig, *, progress: Callable[[str], None] = print) -> 
         result = asyncio.run(_workload(config, target, progress))
     finally:
         target.cluster.stop_all()
+        target.unmount()
         toxiproxy.stop()
     result.elapsed_s = time.monotonic() - begun
     (config.workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -37,6 +37,7 @@ from rocksdict import Rdict, WriteBatch
 
 from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation
+from raftlog.base.fatal import fatal_on_disk_failure
 
 Entry = tuple[bytes, int, int]  # (command, raft index, term), pysyncobj's entry shape
 
@@ -106,7 +107,8 @@ class RocksJournal:
         if self._entries and idx != self._entries[-1][1] + 1:
             raise InvariantViolation(
                 f"raft journal: add of index {idx} after {self._entries[-1][1]}")
-        self._log.put(_key(idx), _U64.pack(term) + command)
+        with fatal_on_disk_failure("a write to the Raft journal"):
+            self._log.put(_key(idx), _U64.pack(term) + command)
         self._entries.append((command, idx, term))
         self._dirty = True
         self.counters["adds"] += 1
@@ -184,8 +186,9 @@ class RocksJournal:
             batch.delete(_META_VOTE, self._meta_handle)
         else:
             batch.put(_META_VOTE, str(votedForNodeId).encode(), self._meta_handle)
-        self._db.write(batch)
-        self._db.flush_wal(True)
+        with fatal_on_disk_failure("a write of the Raft term and vote"):
+            self._db.write(batch)
+            self._db.flush_wal(True)
         self._term, self._voted_for = term, votedForNodeId
         self._dirty = False
         self.counters["term_writes"] += 1
@@ -198,7 +201,8 @@ class RocksJournal:
 
     def onOneSecondTimer(self) -> None:
         if not self._commit_saved:
-            self._meta.put(_META_COMMIT, _U64.pack(self._commit_index))
+            with fatal_on_disk_failure("a write to the Raft journal"):
+                self._meta.put(_META_COMMIT, _U64.pack(self._commit_index))
             self._commit_saved = True
             self._dirty = True
 
@@ -225,7 +229,8 @@ class RocksJournal:
         """Makes every write so far durable (one WAL fsync), if anything is pending."""
         if not self._dirty:
             return
-        self._db.flush_wal(True)
+        with fatal_on_disk_failure("fsync of the Raft journal"):
+            self._db.flush_wal(True)
         self._dirty = False
         self.counters["syncs"] += 1
 
@@ -235,5 +240,6 @@ class RocksJournal:
     def _delete_range(self, begin: bytes, end: bytes) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(begin, end, self._log_handle)
-        self._db.write(batch)
+        with fatal_on_disk_failure("a write to the Raft journal"):
+            self._db.write(batch)
         self._dirty = True

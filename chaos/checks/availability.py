@@ -33,6 +33,9 @@ from raftlog.chaos.events import (
     CLUSTER,
     CONNECTED,
     NEMESIS,
+    PROBE,
+    PUBLISH,
+    PUBLISH_BATCH,
     START,
     STOP,
     HistoryFormatError,
@@ -41,6 +44,7 @@ from raftlog.chaos.events import (
     get_str,
 )
 
+WRITE_FS = frozenset({PUBLISH, PUBLISH_BATCH, PROBE})
 instant_faults_default = frozenset({"kill"})  # faults whose start is measured, not their stop
 windows_kept_max = 10  # longest windows an Availability keeps
 median_rank = 0.5
@@ -110,7 +114,7 @@ class Availability:
 def measure_availability(history: Sequence[Op], *,
                          instant_faults: frozenset[str] = instant_faults_default) -> Availability:
     acked = _acked_calls(history)
-    client_ts = [op.t for op in history if not op.is_event]
+    client_ts = _write_times(history)
     if not client_ts:
         return Availability((), (), 0, 0.0, 0.0)
     start_t, end_t = client_ts[0], client_ts[-1]
@@ -127,7 +131,7 @@ def check_availability(history: Sequence[Op], *, window_s_max: float) -> list[An
     """UNAVAILABLE per window (majority connected) without an acknowledged write that lasted
     longer than `window_s_max`."""
     acked = _acked_calls(history)
-    client_ts = [op.t for op in history if not op.is_event]
+    client_ts = _write_times(history)
     if not client_ts:
         return []
     periods = _connected_periods(history, start_t=client_ts[0], end_t=client_ts[-1])
@@ -136,6 +140,12 @@ def check_availability(history: Sequence[Op], *, window_s_max: float) -> list[An
                     f"bound {window_s_max} s")
             for window in _windows(periods, [call.end_t for call in acked])
             if window.duration_s > window_s_max]
+
+
+def _write_times(history: Sequence[Op]) -> list[float]:
+    """When writes were invoked or completed: the span availability is measured over (reads
+    and a consumer's drain after the writers stopped do not count)."""
+    return [op.t for op in history if not op.is_event and op.f in WRITE_FS]
 
 
 def _acked_calls(history: Sequence[Op]) -> list[Call]:

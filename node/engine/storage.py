@@ -6,15 +6,14 @@ are unsynced WriteBatches made on the event loop thread; `GroupCommitter.durable
 one `flush_wal(True)` (which releases the GIL) covers every write made before the call. Many
 publishes share one fsync.
 
-An fsync failure is fatal: the node cannot know what reached the disk, so it exits rather than
-acknowledge anything more (as PostgreSQL does).
+A write or fsync the disk refuses is fatal (base/fatal.py): the node exits rather than
+acknowledge anything more, and starts again from what is on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation
+from raftlog.base.fatal import fatal_on_disk_failure
 from raftlog.base.files import ensure_dir, fsync_dir
 from raftlog.base.waiters import settle
 
@@ -86,7 +86,8 @@ class Storage:
     def write(self, batch: WriteBatch) -> None:
         """Applies the batch atomically, without fsync (see GroupCommitter)."""
         if not batch.is_empty():
-            self.db.write(batch, self._unsynced)
+            with fatal_on_disk_failure("a write to the node's database"):
+                self.db.write(batch, self._unsynced)
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         value: bytes | None = self._views[cf].get(key)
@@ -178,12 +179,8 @@ class GroupCommitter:
                 if self._stopping and self._want <= synced:
                     return
                 target = self._want
-            try:
+            with fatal_on_disk_failure("fsync of the node's database"):
                 self._storage.sync()
-            except Exception:  # any fsync failure is fatal, see the module docstring
-                log.critical("fsync failed; exiting so that nothing more is acknowledged",
-                             exc_info=True)
-                os._exit(70)
             synced = target
             self.fsyncs += 1
             if self._loop is None:

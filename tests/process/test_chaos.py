@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from raftlog.chaos.nemesis import NEMESES
+from raftlog.chaos.powerfs import ensure_fuse
 from raftlog.chaos.run import RunConfig, run_chaos
 
 short_duration_s = 45.0
+power_duration_s = 35.0
 trial_duration_s = 60.0
 
 
@@ -33,6 +35,21 @@ def test_a_short_run_with_kills_and_partitions_loses_nothing(tmp_path: Path) -> 
     history = (tmp_path / "history.jsonl").read_text().splitlines()
     assert any('"process":"nemesis"' in line for line in history)
     assert "--seed 11" in result.replay_command()
+
+
+def test_a_short_run_with_power_loss_and_a_full_disk_loses_nothing(tmp_path: Path) -> None:
+    """Each node's data directory on the power-loss file system (chaos/powerfs): nodes killed
+    and their unsynced writes dropped, a disk that fills up."""
+    unusable = ensure_fuse()
+    if unusable is not None:
+        pytest.skip(f"FUSE is not usable here: {unusable}")
+    result = run_chaos(RunConfig(workdir=tmp_path, nodes=3, duration_s=power_duration_s,
+                                 nemeses=("power-loss-primary", "power-loss-node", "disk-full"),
+                                 rate_per_s=100, seed=5, fault_s=(3.0, 5.0),
+                                 quiet_s=(2.0, 3.0)), progress=lambda line: None)
+    assert result.ok, result.verdict.summary()
+    assert result.acknowledged > 500
+    assert len(result.faults) >= 3
 
 
 def test_the_command_refuses_an_unknown_nemesis() -> None:
