@@ -69,7 +69,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(result.verdict.summary())
-        print(f"report: {workdir / 'report.json'}  history: {result.history_path}")
+        print(f"report: {workdir / 'report.json'}  history: {result.history_path}  "
+              f"timeline: {workdir / 'timeline.html'} (.png)")
     if not result.ok:
         print(f"reproduce with: {result.replay_command()}", file=sys.stderr)
         return EXIT_FAILED

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from raftlog.base.clock import FakeClock
+from raftlog.chaos import timeline
 from raftlog.chaos import workload as wl
 from raftlog.chaos.checks.verdict import Verdict, check_all
 from raftlog.chaos.cluster import LocalCluster
@@ -307,6 +308,11 @@ async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[
             writer.append(op)
     verdict = check_all(history, final_state(contents, survey), seed=config.seed,
                         instant_faults=frozenset(NEMESES))
+    title = (f"raftlog chaos: {config.nodes} nodes, {','.join(config.nemeses) or 'no faults'}, "
+             f"seed {config.seed}")
+    png = timeline.write_png(history, config.workdir / "timeline.png", title=title)
+    timeline.write_html(history, config.workdir / "timeline.html", png=png, title=title,
+                        summary=verdict.summary())
     return RunResult(config=config, verdict=verdict, acknowledged=verdict.acknowledged,
                      faults=[asdict(w) for w in schedule.windows],
                      history_path=str(history_path))

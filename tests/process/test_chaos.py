@@ -35,6 +35,8 @@ def test_a_short_run_with_kills_and_partitions_loses_nothing(tmp_path: Path) -> 
     history = (tmp_path / "history.jsonl").read_text().splitlines()
     assert any('"process":"nemesis"' in line for line in history)
     assert "--seed 11" in result.replay_command()
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "kill-primary" in (tmp_path / "timeline.html").read_text()
 
 
 def test_a_short_run_with_power_loss_and_a_full_disk_loses_nothing(tmp_path: Path) -> None:
