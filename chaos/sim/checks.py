@@ -13,13 +13,11 @@ Safety (the contract, docs DESIGN §1):
 - delivered-not-committed: a consumer was handed what the final committed log does not hold
   there (G4);
 - ack-undone: a seq delivered by a fetch sent after an ack of it was acknowledged (G5);
-- undelivered: a committed seq a drained consumer never received (at-least-once; a known
-  product issue, `KNOWN_ISSUES`).
+- undelivered: a committed seq a drained consumer never received (at-least-once).
 Liveness, after the heal and the settle time:
 - not-converged: the named primary does not serve, or a replica's last or commit seq differs
   from the primary's;
-- commit-lag: a replica holds every seq but its commit seq lags the primary's (a known product
-  issue, `KNOWN_ISSUES`).
+- commit-lag: a replica holds every seq but its commit seq lags the primary's.
 """
 
 from __future__ import annotations
@@ -36,19 +34,7 @@ UNDELIVERED = "undelivered"
 
 # Kinds that stem from product bugs already reported, with the reason; a run counts them as
 # known, not as failures, unless it is strict. Remove an entry once its bug is fixed.
-KNOWN_ISSUES = {
-    COMMIT_LAG: "node/replication/service.py _apply_all applies a heartbeat's commit notices "
-                "before the fsync of the batches grouped with it: capped at durable_seq, the "
-                "notice is used up, and the primary does not repeat it while the stream is "
-                "idle (told_commit is not moved by notices), so the replica's commit seq lags "
-                "until the next publish",
-    UNDELIVERED: "node/consumers/serving.py present_in reads through StreamLog.peek, which sees "
-                 "nothing above commit_seq; a primary that just restarted or was promoted "
-                 "attaches its consumers (coordinator.py _reload_consumers -> "
-                 "ConsumerManager._restore -> DeliveryState.forget_removed) before its commit "
-                 "seq is re-established, so pending deliveries above it are dropped as "
-                 "'removed' and never redelivered (at-least-once broken)",
-}
+KNOWN_ISSUES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -121,9 +121,14 @@ def may_hold(log: StreamLog, filter_subject: str) -> Callable[[int], bool]:
 
 def present_in(log: StreamLog, filter_subject: str = "") -> Callable[[int], bool]:
     """Whether a seq still holds a message this consumer could be handed (after a failover
-    the cluster's record cannot tell a delivered seq from one the filter skipped)."""
+    the cluster's record cannot tell a delivered seq from one the filter skipped).
+
+    Judged on what is stored, not on what is committed: a primary that just restarted or was
+    promoted attaches its consumers before its commit seq is re-established, and a pending
+    delivery above that commit seq is not gone (it was committed when it was handed out, so
+    no later primary truncates it); forgetting it would break at-least-once delivery."""
     def present(seq: int) -> bool:
-        entry = log.peek(seq)
+        entry = log.peek_stored(seq)
         return entry is not None and (
             not filter_subject or subject_rules.matches(filter_subject, entry.subject))
     return present

@@ -59,6 +59,13 @@ class StreamLog(Protocol):
         """Like read, whatever this node's role (the stored copy, for bookkeeping)."""
         ...
 
+    def peek_stored(self, seq: int) -> LogEntry | None:
+        """The message stored at seq, committed or not, whatever this node's role: None only
+        when it was removed or was never stored here (for bookkeeping: whether a message a
+        consumer may hold is really gone, also on a primary whose commit seq is not yet
+        re-established). Never hand it to a consumer."""
+        ...
+
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
         """Committed messages with seq >= from_seq matching the filter, in seq order, at most
         `limit` of them (the scan may also stop early after examining a bounded number)."""
@@ -126,6 +133,9 @@ class MemoryStreamLog:
         return self.entries.get(seq)
 
     def peek(self, seq: int) -> LogEntry | None:
+        return self.entries.get(seq)
+
+    def peek_stored(self, seq: int) -> LogEntry | None:
         return self.entries.get(seq)
 
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:

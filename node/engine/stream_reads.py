@@ -2,9 +2,10 @@
 subject, subject summaries, the seqs a consumer's delivery policy starts from, counts, and the
 stored values a primary sends its replicas.
 
-Reads see nothing above `commit_seq`; the public ones are served by the primary only, under its
-lease (`check_readable`); `peek`, `subjects_with_prefix`, the delivery-policy helpers and
-`stored_values` do not check the role.
+Reads see nothing above `commit_seq` (but `peek_stored` and `stored_values`, for bookkeeping and
+replication); the public ones are served by the primary only, under its lease
+(`check_readable`); `peek`, `peek_stored`, `subjects_with_prefix`, the delivery-policy helpers
+and `stored_values` do not check the role.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class StreamReads(StreamCore):
 
     def peek(self, seq: int) -> LogEntry | None:
         stored = self._read_stored(seq) if 0 < seq <= self._commit_seq else None
+        return None if stored is None else to_entry(seq, stored)
+
+    def peek_stored(self, seq: int) -> LogEntry | None:
+        """What is stored at seq, above `commit_seq` too (bookkeeping only, see StreamLog)."""
+        stored = self._read_stored(seq) if 0 < seq <= self.record.last_seq else None
         return None if stored is None else to_entry(seq, stored)
 
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:

@@ -45,6 +45,12 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         self._health = health or (lambda: replication_pb2.PingReply(node_id=node_id))
         self._credential = credential
         self.refusals = 0
+        # Heartbeat commit notices not yet applied in full: name -> (stream, epoch, commit seq). A
+        # notice is applied after the fsync of the batches it came with, and what lies above
+        # durable_seq waits here for the batches that make it durable: the primary tells a
+        # commit seq once, so a notice capped and then dropped would leave an idle replica's
+        # commit seq behind until the next publish.
+        self._commit_notices: dict[str, tuple[Stream, int, int]] = {}
         # The open Replicate calls by the primary that sends them (fence notices go there).
         self._calls: dict[str, list[asyncio.Queue[Any]]] = {}
 
@@ -149,17 +155,37 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             if stream is not None and not ack.refused:
                 stream.durable_seq = max(stream.durable_seq, ack.last_seq)
                 stream.set_commit_seq(request.commit_seq)
+        if self._commit_notices:
+            self._apply_commit_notices()
         return [ack for ack, _, _ in accepted]
 
     def _heartbeat(self, request: replication_pb2.ReplicateRequest
                    ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:
-        """A link heartbeat: apply its commit notices; its ack keeps the primary's lease."""
+        """A link heartbeat: keep its commit notices (applied once the batches grouped with
+        it are durable, `_apply_commit_notices`); its ack keeps the primary's lease."""
         for notice in request.commits[:limits.heartbeat_commits_applied_max]:
             stream = self._engine.streams.get(notice.stream)
-            if stream is not None and notice.epoch == stream.record.epoch \
-                    and notice.epoch >= stream.record.fenced_epoch:
-                stream.set_commit_seq(min(notice.commit_seq, stream.durable_seq))
+            if stream is None:
+                continue
+            kept = self._commit_notices.get(notice.stream)
+            if kept is None or kept[0] is not stream or kept[1] != notice.epoch \
+                    or kept[2] < notice.commit_seq:
+                self._commit_notices[notice.stream] = (stream, notice.epoch, notice.commit_seq)
         return replication_pb2.ReplicateAck(request_id=request.request_id), None, False
+
+    def _apply_commit_notices(self) -> None:
+        """Moves each noticed stream's commit seq up to its notice, never above what is
+        durable here; a notice stays until durable_seq reaches it (the batches that hold
+        its seqs may come after it), or until it no longer applies (the stream is gone or
+        was replaced, moved to another epoch or was fenced above it)."""
+        for name, (stream, epoch, commit_seq) in list(self._commit_notices.items()):
+            if self._engine.streams.get(name) is not stream or epoch != stream.record.epoch \
+                    or epoch < stream.record.fenced_epoch:
+                del self._commit_notices[name]
+                continue
+            stream.set_commit_seq(min(commit_seq, stream.durable_seq))
+            if stream.durable_seq >= commit_seq:
+                del self._commit_notices[name]
 
     async def _accept(self, request: replication_pb2.ReplicateRequest
                       ) -> tuple[replication_pb2.ReplicateAck, Stream | None, bool]:

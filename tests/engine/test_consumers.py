@@ -479,6 +479,9 @@ class HeldBackLog(MemoryStreamLog):
     def read(self, seq: int) -> LogEntry | None:
         return super().read(seq) if seq <= self.committed else None
 
+    def peek(self, seq: int) -> LogEntry | None:
+        return super().peek(seq) if seq <= self.committed else None
+
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int
              ) -> Iterator[LogEntry]:
         for entry in super().scan(from_seq=from_seq, filter_subject=filter_subject, limit=limit):
@@ -1036,6 +1039,30 @@ async def test_a_new_primary_behind_on_its_commit_seq_answers_catching_up_per_se
     assert settled.refused[3].status_name == "UNAVAILABLE"
     log.committed = 4
     assert (await env.manager.ack(STREAM, "c", [3])).applied == 1
+
+
+@run_async
+async def test_a_restore_behind_on_the_commit_seq_keeps_the_pending_deliveries_above_it(
+) -> None:
+    """A restarted or promoted primary attaches its consumers before its commit seq is
+    re-established: deliveries above it are still stored, not removed, and are redelivered
+    (at-least-once), not forgotten as if their messages were gone."""
+    log = HeldBackLog(name=STREAM)
+    for _ in range(5):
+        log.append("a", b"x")
+    log.committed = 5
+    env = make_env(log=log)
+    await env.create()
+    assert await env.fetch(batch=4) == [1, 2, 3, 4]
+    await env.manager.ack(STREAM, "c", [1])  # saved: 2-4 pending
+    await log.remove([4])  # really gone
+    log.committed = 1
+    env.restart()
+    assert env.state().num_ack_pending == 2  # 2 and 3; 4 was removed
+    log.committed = 5
+    env.clock.advance(10 * ACK_WAIT_S)
+    messages = await env.fetch_messages()
+    assert [(m.seq, m.deliver_count) for m in messages] == [(2, 2), (3, 2), (5, 1)]
 
 
 @run_async

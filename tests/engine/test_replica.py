@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -137,5 +137,64 @@ def test_removed_seqs_arrive_as_empty_values_and_still_advance(tmp_path: Path) -
         ack = await r.service.apply(request)
         assert (ack.refused, ack.last_seq) == ("", 3)
         assert r.payloads(stream) == {1: b"a", 3: b"c"}
+
+    run(tmp_path, body)
+
+
+def heartbeat(*, epoch: int, commit_seq: int) -> replication_pb2.ReplicateRequest:
+    """A link heartbeat carrying one commit notice for stream "s"."""
+    return replication_pb2.ReplicateRequest(
+        primary="p", request_id=8,
+        commits=[replication_pb2.StreamCommit(stream="s", epoch=epoch, commit_seq=commit_seq)])
+
+
+def batch(*, epoch: int, first_seq: int, payloads: list[bytes],
+          commit_seq: int) -> replication_pb2.ReplicateRequest:
+    values = [stored(p, epoch=epoch) for p in payloads]
+    return replication_pb2.ReplicateRequest(
+        stream="s", epoch=epoch, first_seq=first_seq, messages=values,
+        checksum=zlib.crc32(b"".join(values)), commit_seq=commit_seq, primary="p",
+        history=[raft_pb2.EpochStart(fence_epoch=1, start_seq=1)], request_id=7)
+
+
+def test_a_commit_notice_grouped_with_the_batch_it_covers_applies_after_its_fsync(
+        tmp_path: Path) -> None:
+    """The batch (sent before seq 3 was committed) and the heartbeat that tells commit seq 3
+    share one fsync: the notice is applied once the batch is durable, not capped below it
+    and lost (the primary tells a commit seq once; an idle stream would lag for good)."""
+    async def body(r: Replica, stream: Stream) -> None:
+        async def requests() -> AsyncIterator[replication_pb2.ReplicateRequest]:
+            yield batch(epoch=1, first_seq=1, payloads=[b"a", b"b", b"c"], commit_seq=0)
+            yield heartbeat(epoch=1, commit_seq=3)
+
+        acks = [ack async for ack in r.service.replicate(requests())]
+        assert [(ack.stream, ack.last_seq, ack.refused) for ack in acks] == [
+            ("s", 3, ""), ("", 0, "")]
+        assert stream.durable_seq == 3
+        assert stream.commit_seq == 3
+
+    run(tmp_path, body)
+
+
+def test_a_commit_notice_above_what_is_durable_applies_once_the_batches_arrive(
+        tmp_path: Path) -> None:
+    async def body(r: Replica, stream: Stream) -> None:
+        await r.service.apply(batch(epoch=1, first_seq=1, payloads=[b"a"], commit_seq=0))
+        await r.service.apply(heartbeat(epoch=1, commit_seq=3))
+        assert stream.commit_seq == 1  # never above what is durable here
+        await r.service.apply(batch(epoch=1, first_seq=2, payloads=[b"b", b"c"],
+                                    commit_seq=1))
+        assert stream.commit_seq == 3
+
+    run(tmp_path, body)
+
+
+def test_a_commit_notice_of_another_epoch_is_dropped(tmp_path: Path) -> None:
+    async def body(r: Replica, stream: Stream) -> None:
+        await r.service.apply(batch(epoch=1, first_seq=1, payloads=[b"a"], commit_seq=0))
+        await r.service.apply(heartbeat(epoch=2, commit_seq=3))
+        await r.service.apply(batch(epoch=1, first_seq=2, payloads=[b"b", b"c"],
+                                    commit_seq=1))
+        assert stream.commit_seq == 1
 
     run(tmp_path, body)

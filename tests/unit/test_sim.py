@@ -20,7 +20,7 @@ import pytest
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.chaos.sim import __main__ as cli
 from raftlog.chaos.sim.bugs import COMMIT_WITHOUT_MAJORITY
-from raftlog.chaos.sim.checks import COMMIT_LAG, KNOWN_ISSUES, Violation
+from raftlog.chaos.sim.checks import COMMIT_LAG, KNOWN_ISSUES, UNDELIVERED, Violation
 from raftlog.chaos.sim.faults import make_schedule
 from raftlog.chaos.sim.loop import SimDeadlock, SimLivelock, VirtualTimeLoop, owner_context
 from raftlog.chaos.sim.network import LinkSettings, SimNetwork
@@ -104,14 +104,31 @@ def test_the_cli_prints_verdicts_and_the_throughput() -> None:
     assert lines[-1].startswith("2 schedules, 0 failed") and "schedules/minute" in lines[-1]
 
 
-def test_a_known_product_issue_fails_a_run_only_when_strict() -> None:
+def test_a_known_product_issue_fails_a_run_only_when_strict(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(KNOWN_ISSUES, COMMIT_LAG, "reported, not fixed yet")
     lag = Violation(COMMIT_LAG, "s1: n2 commit seq stays at 4")
     lost = Violation("acked-lost", "s1: p0-1")
-    assert COMMIT_LAG in KNOWN_ISSUES
     assert Verdict(seed=1, config=SimConfig(), violations=[lag], digest="").ok
     strict = Verdict(seed=1, config=SimConfig(strict=True), violations=[lag], digest="")
     assert not strict.ok and strict.config.replay_command(1).endswith(" --strict")
     assert not Verdict(seed=1, config=SimConfig(), violations=[lag, lost], digest="").ok
+
+
+FIXED_ISSUE_SEEDS = [
+    # (seed, the violation it found before the fix)
+    (26, COMMIT_LAG),  # a heartbeat's commit notice applied before its group's fsync, capped
+    (284, UNDELIVERED),  # pending deliveries above a new primary's commit seq forgotten
+]
+
+
+@pytest.mark.parametrize(("seed", "kind"), FIXED_ISSUE_SEEDS,
+                         ids=[kind for _, kind in FIXED_ISSUE_SEEDS])
+def test_the_seeds_that_found_fixed_product_issues_now_pass_strict(seed: int,
+                                                                   kind: str) -> None:
+    assert kind not in KNOWN_ISSUES
+    verdict = run_schedule(seed, SimConfig(strict=True))
+    assert verdict.ok, verdict.report()
 
 
 def test_a_schedule_is_a_function_of_its_seed() -> None:
