@@ -135,12 +135,18 @@ class ClusterNode:
         self._troubles_logged: set[str] = set()
         self._caught_up = False  # see caught_up()
         self._caught_up_event = asyncio.Event()
+        # Restart rule (as Raft's: a restarted leader never resumes its term). `_loaded`: the
+        # copies this incarnation found on disk, not yet reconciled; `_barred`: stream -> the
+        # fence epoch at which this node must not lead (see `_lead`).
+        self._loaded: set[str] = set()
+        self._barred: dict[str, int] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.group.attach_loop(loop)
+        self._loaded = set(self.engine.streams)  # the engine loaded its copies before
         self.queue_all()
         self._tasks = [loop.create_task(self.catch_up(), name="catch-up"),
                        loop.create_task(self._reconcile_forever(), name="reconcile"),
@@ -246,8 +252,13 @@ class ClusterNode:
                     found[name] = replication_pb2.StreamTrouble(
                         stream=name, assignment_epoch=state.streams[name].fence_epoch,
                         why=f"{self.node_id} is named primary but holds no copy")
+        barred = {name for name, trouble in found.items()
+                  if self._barred.get(name) == trouble.assignment_epoch}
+        for name in barred:  # reported at once (see `_bar`)
+            found[name].why = self._barred_why(name, found[name].assignment_epoch)
         seen = self._trouble_seen
-        self._trouble_seen = {name: seen.get(name, now) for name in found}
+        self._trouble_seen = {name: now - limits.trouble_grace_s if name in barred
+                              else seen.get(name, now) for name in found}
         self.troubles = {name: trouble for name, trouble in found.items()
                          if now - self._trouble_seen[name] >= limits.trouble_grace_s}
         if self.troubles and set(self.troubles) != self._troubles_logged:
@@ -457,6 +468,8 @@ class ClusterNode:
         assignment = self.state.streams.get(name)
         local = self.engine.streams.get(name)
         if assignment is None or self.node_id not in assignment.replicas:
+            self._loaded.discard(name)
+            self._barred.pop(name, None)
             if self.replication is not None:
                 self.replication.release(name)
             if local is not None:
@@ -466,6 +479,10 @@ class ClusterNode:
                          "was deleted" if assignment is None else "moved off this node")
                 await self.engine.delete(name)
             return
+        if name in self._loaded:  # the first reconcile of a copy found on disk
+            self._loaded.discard(name)
+            if assignment.primary == self.node_id and len(assignment.replicas) > 1:
+                self._bar(name, assignment)
         if local is None:
             log.info("stream %s has a copy here; creating it", name)
             await self.engine.create(assignment.config)
@@ -475,13 +492,47 @@ class ClusterNode:
         if assignment.primary == self.node_id:
             await self._lead(local, assignment)
         else:
+            self.barred(name, assignment)  # forgets a bar the epoch moved past
             self._follow(local)
 
     def _not_primary(self, name: str) -> RaftlogError:
         return RaftlogError(Reason.NOT_PRIMARY, f"this node is no longer the primary of "
                             f"{name!r}; retry with the same msg_id", stream=name)
 
+    def _bar(self, name: str, assignment: StreamAssignment) -> None:
+        """This node restarted as the named primary of a replicated stream: it does not lead
+        it at that fence epoch again. Its copy may have lost an unsynced tail that its replicas
+        hold (a primary sends batches while it fsyncs them), so leading on would give those
+        seqs other messages (G1, G7). It follows instead and reports the stream in trouble
+        at once; the Raft leader's failover round (node/cluster/failover.py) then fences a
+        majority and promotes the most complete copy at the next epoch, this one included
+        (it then leads at that epoch, a replica's tail truncated by the replicator)."""
+        epoch = assignment.fence_epoch
+        self._barred[name] = epoch
+        why = self._barred_why(name, epoch)
+        log.warning("stream %s: %s", name, why)
+        # Reported in every Ping reply from now on; the scans keep it without a grace time.
+        self.troubles[name] = replication_pb2.StreamTrouble(
+            stream=name, assignment_epoch=epoch, why=why)
+
+    def _barred_why(self, name: str, epoch: int) -> str:
+        return (f"{self.node_id} restarted as the primary of {name!r} at epoch {epoch} and "
+                "does not resume it; a failover must pick the most complete copy")
+
+    def barred(self, name: str, assignment: StreamAssignment) -> bool:
+        """This node must not lead `name` at the assignment's epoch (see `_bar`)."""
+        barred = self._barred.get(name)
+        if barred is None:
+            return False
+        if assignment.fence_epoch > barred:  # a failover moved the epoch on
+            del self._barred[name]
+            return False
+        return True
+
     async def _lead(self, local: Stream, assignment: StreamAssignment) -> None:
+        if self.barred(local.name, assignment):
+            self._follow(local)
+            return
         promoted = local.role != ROLE_PRIMARY or local.record.epoch != assignment.fence_epoch
         local.become_primary(epoch=assignment.fence_epoch)
         if self.replication is not None:

@@ -7,8 +7,10 @@ stream):
   silent here and to a majority of the members);
 - the streams a member reports in trouble in its Ping replies (node/cluster/coordinator.py
   `ClusterNode.troubles`): named primary but deposed or not serving, or holding a fence above
-  the committed epoch (a survey that fenced and a promote that never committed); this node's
-  own troubles too, so the leader's own streams are repaired like any other.
+  the committed epoch (a survey that fenced and a promote that never committed), or a primary
+  that restarted (it never resumes its old epoch: its copy may lack an unsynced tail its
+  replicas hold; reported at once); this node's own troubles too, so the leader's own streams
+  are repaired like any other.
 
 One round at a time handles every such stream together (bounded concurrency; no survey storm
 when many streams change at once), in two phases per replica node, each one `Survey` call
