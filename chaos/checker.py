@@ -13,10 +13,11 @@ import collections
 import dataclasses
 import itertools
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from raftlog.chaos.checks.replicas import runs
 from raftlog.chaos.clients import PeerAccess
 from raftlog.chaos.collect import (
     ReplicaCopy,
@@ -155,7 +156,7 @@ def check(*, seed: int, contents: StreamContents, published: Sequence[PublishHis
     _check_publishes(report, published, contents, seqs_by_id)
     report.duplicates = [(msg_id, tuple(seqs)) for msg_id, seqs in seqs_by_id.items()
                          if len(seqs) > 1]
-    report.gaps = list(_ranges(seq for seq in range(contents.first_seq,
+    report.gaps = list(runs(seq for seq in range(contents.first_seq,
                                                     contents.visible_last_seq + 1)
                                if seq not in contents.messages))
     for history in _by_consumer(consumed):
@@ -282,19 +283,6 @@ def _compare_seq(report: Report, seq: int, copies: Sequence[ReplicaCopy],
 def _stored_id(stored: bytes) -> str:
     message = storage_pb2.StoredMessage.FromString(stored)
     return decode_payload(message.payload) or message.msg_id
-
-
-def _ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
-    start = previous = None
-    for seq in seqs:
-        if previous is not None and seq == previous + 1:
-            previous = seq
-            continue
-        if start is not None and previous is not None:
-            yield (start, previous)
-        start = previous = seq
-    if start is not None and previous is not None:
-        yield (start, previous)
 
 
 async def audit(addresses: Sequence[str], stream: str, *, seed: int,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from raftlog.chaos.checks.anomaly import Anomaly, Kind
 from raftlog.chaos.checks.final import Final, ReplicaCopies
@@ -33,7 +33,7 @@ def replicas_differ(final: Final) -> list[Anomaly]:
 def _missing(stream: str, replicas: ReplicaCopies) -> list[Anomaly]:
     found = []
     for node, stored in sorted(replicas.copies.items()):
-        for low, high in _runs(seq for seq in range(replicas.first_seq, replicas.commit_seq + 1)
+        for low, high in runs(seq for seq in range(replicas.first_seq, replicas.commit_seq + 1)
                                if seq not in stored):
             span = f"seq {low}" if low == high else f"seqs {low}..{high}"
             found.append(Anomaly(Kind.REPLICA_MISSING, f"{node} lacks {span} of {stream} "
@@ -70,7 +70,7 @@ def _short(value: bytes) -> str:
     return f"{len(value)}B:{digest}"
 
 
-def _runs(seqs: Iterator[int]) -> Iterator[tuple[int, int]]:
+def runs(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
     """Inclusive runs of consecutive seqs, from ascending seqs."""
     start = previous = None
     for seq in seqs:
