@@ -170,6 +170,27 @@ class PowerLoss:
 
 
 @dataclass
+class DiskErrors:
+    """EIO on every read, write and fsync of one node's database files while the fault
+    lasts; the node is started again afterwards if it stopped."""
+
+    name: str = "disk-errors"
+    _victims: list[int] = field(default_factory=list)
+
+    async def start(self, target: Target) -> Started:
+        victim = target.rng.choice(target.running())
+        await asyncio.to_thread(target.disk(victim).set_eio, "/db/*")
+        self._victims = [victim]
+        return Started([victim])
+
+    async def stop(self, target: Target) -> None:
+        for i in self._victims:
+            await asyncio.to_thread(target.disk(i).ok)
+            await target.ensure_running(i)
+        self._victims = []
+
+
+@dataclass
 class DiskFull:
     """One node's disk is full (ENOSPC on every write) while the fault lasts; the node is
     started again afterwards if it stopped."""
@@ -364,10 +385,11 @@ NEMESES: dict[str, Callable[[], Fault]] = {
     "power-loss-primary": lambda: PowerLoss("primary"),
     "power-loss-writeback": lambda: PowerLoss("node", writeback=True),
     "disk-full": lambda: DiskFull(),
+    "disk-errors": lambda: DiskErrors(),
 }
 # The nemeses that need each node's data directory on the power-loss file system.
 POWER_NEMESES = frozenset({"power-loss-all", "power-loss-node", "power-loss-primary",
-                           "power-loss-writeback", "disk-full"})
+                           "power-loss-writeback", "disk-full", "disk-errors"})
 
 
 def parse_nemeses(text: str) -> list[str]:
