@@ -170,37 +170,25 @@ class PowerLoss:
 
 
 @dataclass
-class DiskErrors:
-    """EIO on every read, write and fsync of one node's database files while the fault
-    lasts; the node is started again afterwards if it stopped."""
+class DiskFault:
+    """One node's disk fails while the fault lasts: `full` (ENOSPC on every write) or `errors`
+    (EIO on every read, write and fsync of its database files). The node is started again
+    afterwards if it stopped (a refused write ends it, base/fatal.py)."""
 
-    name: str = "disk-errors"
+    kind: str  # full | errors
+    name: str = ""
     _victims: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"disk-{self.kind}"
 
     async def start(self, target: Target) -> Started:
         victim = target.rng.choice(target.running())
-        await asyncio.to_thread(target.disk(victim).set_eio, "/db/*")
-        self._victims = [victim]
-        return Started([victim])
-
-    async def stop(self, target: Target) -> None:
-        for i in self._victims:
-            await asyncio.to_thread(target.disk(i).ok)
-            await target.ensure_running(i)
-        self._victims = []
-
-
-@dataclass
-class DiskFull:
-    """One node's disk is full (ENOSPC on every write) while the fault lasts; the node is
-    started again afterwards if it stopped."""
-
-    name: str = "disk-full"
-    _victims: list[int] = field(default_factory=list)
-
-    async def start(self, target: Target) -> Started:
-        victim = target.rng.choice(target.running())
-        await asyncio.to_thread(target.disk(victim).set_full, 0)
+        disk = target.disk(victim)
+        if self.kind == "full":
+            await asyncio.to_thread(disk.set_full, 0)
+        else:
+            await asyncio.to_thread(disk.set_eio, "/db/*")
         self._victims = [victim]
         return Started([victim])
 
@@ -384,8 +372,8 @@ NEMESES: dict[str, Callable[[], Fault]] = {
     "power-loss-node": lambda: PowerLoss("node"),
     "power-loss-primary": lambda: PowerLoss("primary"),
     "power-loss-writeback": lambda: PowerLoss("node", writeback=True),
-    "disk-full": lambda: DiskFull(),
-    "disk-errors": lambda: DiskErrors(),
+    "disk-full": lambda: DiskFault("full"),
+    "disk-errors": lambda: DiskFault("errors"),
 }
 # The nemeses that need each node's data directory on the power-loss file system.
 POWER_NEMESES = frozenset({"power-loss-all", "power-loss-node", "power-loss-primary",

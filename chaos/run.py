@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,11 +28,13 @@ from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.events import HistoryWriter
 from raftlog.chaos.links import ProxyNet
 from raftlog.chaos.nemesis import NEMESES, POWER_NEMESES, Schedule
+from raftlog.chaos.nodeproc import free_port
 from raftlog.chaos.powerfs import PowerFs
 from raftlog.chaos.recorded import PROBE_NAME, FaultEvent, Read, final_state, to_history
 from raftlog.chaos.toxiproxy.launch import ToxiproxyProcess, start_toxiproxy
-from raftlog.node.cli.localcluster import NodeSpec
-from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, streams_pb2, streams_pb2_grpc
+from raftlog.node.cli import localcluster
+from raftlog.node.cli.localcluster import NodeSpec, ProcessState
+from raftlog.v1 import streams_pb2, streams_pb2_grpc
 
 STREAM = "chaos"
 SUBJECT_PREFIX = "chaos"
@@ -98,20 +98,6 @@ class RunResult:
                 "replay": self.replay_command()}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ChaosCluster:
     """The cluster under test, as nemeses see it (nemesis.Target)."""
 
@@ -145,7 +131,8 @@ class ChaosCluster:
 
     async def ensure_running(self, i: int) -> None:
         node = self.cluster.nodes.get(i)
-        alive = node is not None and i in self.cluster.running and _alive(node.pid)
+        alive = (node is not None and i in self.cluster.running
+                 and localcluster.process_state(node.record()) is ProcessState.RUNNING)
         if not alive:
             if i in self.cluster.running:
                 await asyncio.to_thread(self.cluster.kill9, i)
@@ -181,20 +168,15 @@ class ChaosCluster:
         return wl.PeerAccess(credential=access.credential, peer_of=peer_of)
 
     async def primary(self) -> int:
-        return await asyncio.to_thread(self._route_primary)
-
-    def _route_primary(self) -> int:
-        for i in self.running():
-            channel = grpc.insecure_channel(self.cluster.specs[i].grpc_address)
-            try:
-                route = cluster_pb2_grpc.ClusterStub(channel).ExplainRoute(
-                    cluster_pb2.ExplainRouteRequest(stream=STREAM), timeout=route_timeout_s)
-                return self.cluster.index_of(route.primary)
-            except grpc.RpcError:
-                continue
-            finally:
-                channel.close()
-        return self.rng.choice(self.running())
+        """Asked of the running nodes directly (not through their client proxies)."""
+        addresses = [self.cluster.specs[i].grpc_address for i in self.running()]
+        try:
+            route = await wl.explain_route(addresses, STREAM, timeout_s=route_timeout_s)
+        except grpc.RpcError:
+            route = None
+        if route is None or not route.primary:
+            return self.rng.choice(self.running())
+        return self.cluster.index_of(route.primary)
 
     async def leader(self) -> int:
         leader = await asyncio.to_thread(self.cluster.leader_id, among=self.running())
@@ -331,7 +313,7 @@ def run_chaos(config: RunConfig, *, progress: Callable[[str], None] = print) -> 
     """Runs the whole thing; the report lands in workdir/report.json."""
     config.workdir.mkdir(parents=True, exist_ok=True)
     begun = time.monotonic()
-    toxiproxy = start_toxiproxy("127.0.0.1", _free_port())
+    toxiproxy = start_toxiproxy("127.0.0.1", free_port())
     target = ChaosCluster(config, toxiproxy)
     try:
         progress(f"toxiproxy at {toxiproxy.url} ({'bundled' if toxiproxy.bundled else 'binary'});"

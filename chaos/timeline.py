@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.chaos.checks.availability import percentile
 from raftlog.chaos.checks.calls import calls
 from raftlog.chaos.events import NEMESIS, PROBE, PUBLISH, PUBLISH_BATCH, Op, get_ints, get_str
 
@@ -37,13 +37,6 @@ class FaultSpan:
     targets: str
 
 
-def _percentile(values: Sequence[float], rank: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(rank * len(ordered)) - 1)]
-
-
 def bins(history: Sequence[Op]) -> list[Bin]:
     """Acknowledged messages and write latency per second of the run."""
     acked: dict[int, int] = {}
@@ -59,8 +52,12 @@ def bins(history: Sequence[Op]) -> list[Bin]:
         acked[slot] = acked.get(slot, 0) + count
         latencies.setdefault(slot, []).append((call.completion.t - call.invoke.t) * 1000)
     last = max([*acked, *latencies, 0])
-    return [Bin(slot * bin_s, acked.get(slot, 0), _percentile(latencies.get(slot, []), 0.5),
-                _percentile(latencies.get(slot, []), 0.99)) for slot in range(last + 1)]
+    points = []
+    for slot in range(last + 1):
+        ordered = sorted(latencies.get(slot, []))
+        points.append(Bin(slot * bin_s, acked.get(slot, 0), percentile(ordered, 0.5),
+                          percentile(ordered, 0.99)))
+    return points
 
 
 def fault_spans(history: Sequence[Op]) -> list[FaultSpan]:

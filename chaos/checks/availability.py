@@ -85,7 +85,7 @@ class Availability:
 
     @property
     def recover_s_p50(self) -> float | None:
-        return _percentile(self._recovered(), median_rank)
+        return percentile(self._recovered(), median_rank)
 
     @property
     def recover_s_max(self) -> float | None:
@@ -205,7 +205,7 @@ def _recoveries(history: Sequence[Op], acked: Sequence[Call],
     return tuple(found)
 
 
-def _percentile(ordered: Sequence[float], rank: float) -> float | None:
+def percentile(ordered: Sequence[float], rank: float) -> float | None:
     """Nearest-rank percentile of ascending values; None when there are none."""
     if not ordered:
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -88,37 +88,33 @@ class Forwarder:
                     timeout_s: float | None = None,
                     headers: Iterable[tuple[str, str]] = ()) -> Resp:
         """The answer of `address` to `request`; its failure raised as a RaftlogError."""
-        metadata = [*via.outgoing(), *headers]
         method: Any = self._pool.get(address).unary_unary(
             call.path, request_serializer=_serialize, response_deserializer=call.parse)
-        pending = asyncio.ensure_future(method(
-            request, timeout=timeout_s or via.timeout_s(), metadata=metadata))
-        try:
-            return await self._watch(pending, address)
-        except grpc.aio.AioRpcError as err:
-            raise remote_error(err, address) from None
-        finally:
-            pending.cancel()
-
-    async def _watch(self, pending: asyncio.Future[Resp], address: str) -> Resp:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=limits.forward_check_s)
-            if done:
-                return pending.result()
-            gone = self._liveness.unreachable(address)
-            if gone is not None:  # do not wait for the deadline of a silent node
-                raise gone
+        return await self._answer(address, method(
+            request, timeout=timeout_s or via.timeout_s(),
+            metadata=[*via.outgoing(), *headers]))
 
     async def client_stream(self, address: str, call: Forward[Resp], requests: Iterable[Any],
                             via: Call) -> Resp:
         """Sends `requests` as one client stream; the answer as `unary`."""
-        metadata = via.outgoing()
         method: Any = self._pool.get(address).stream_unary(
             call.path, request_serializer=_serialize, response_deserializer=call.parse)
-        pending = asyncio.ensure_future(method(
-            iter(requests), timeout=via.timeout_s(), metadata=metadata))
+        return await self._answer(address, method(
+            iter(requests), timeout=via.timeout_s(), metadata=via.outgoing()))
+
+    async def _answer(self, address: str, call: Awaitable[Resp]) -> Resp:
+        """Waits for a forwarded call's answer, checking every limits.forward_check_s that
+        the node at `address` still answers (a silent one fails the call now, not at its
+        deadline)."""
+        pending = asyncio.ensure_future(call)
         try:
-            return await self._watch(pending, address)
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=limits.forward_check_s)
+                if done:
+                    return pending.result()
+                gone = self._liveness.unreachable(address)
+                if gone is not None:
+                    raise gone
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
         finally:
