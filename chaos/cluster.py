@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -54,16 +55,21 @@ class LocalCluster:
 
     def __init__(self, root: Path, *, nodes: int = 3, secret_file: Path | None = None,
                  prepare: Callable[[list[NodeSpec]], None] | None = None,
-                 node_args: Callable[[NodeSpec], Sequence[str]] | None = None) -> None:
+                 node_args: Callable[[NodeSpec], Sequence[str]] | None = None,
+                 spares: int = 0) -> None:
         """`prepare(specs)` runs once the nodes' addresses are chosen, before any starts (the
         chaos harness makes its proxies there); `node_args(spec)` are extra `raftlog node`
-        flags for that node, on every start."""
+        flags for that node, on every start. `spares` more nodes are planned (indexes after
+        the members, peers the members) but not started: `start(i)` starts one, waiting to
+        be joined (JoinNode)."""
         self.root = root
         self.size = nodes
+        self.spares = spares
         self.secret_file = secret_file
         self._prepare = prepare
         self._node_args = node_args
-        self.specs: dict[int, NodeSpec] = {}
+        self.specs: dict[int, NodeSpec] = {}  # the members the cluster started with
+        self.spare_specs: dict[int, NodeSpec] = {}
         self.nodes: dict[int, LocalNode] = {}  # every node started, by index
         self.running: set[int] = set()
         self._channels: dict[int, grpc.Channel] = {}
@@ -92,22 +98,18 @@ class LocalCluster:
 
     def _up(self) -> None:
         for _ in range(base_port_attempts_max):
-            base_port = free_base_port(localcluster.ports_per_node * self.size)
+            members, spares = self._plan(free_base_port(
+                localcluster.ports_per_node * (self.size + self.spares)))
             if self._prepare is not None:
-                self._prepare(localcluster.plan(nodes=self.size, base_port=base_port,
-                                                data_dir=self.root))
+                self._prepare([*members, *spares])
             try:
-                started = localcluster.up(
-                    nodes=self.size,
-                    base_port=base_port,
-                    data_dir=self.root,
-                    secret_file=self.secret_file,
-                    extra_args=self._node_args,
-                )
+                started = localcluster.start_specs(
+                    members, secret_file=self.secret_file, extra_args=self._node_args)
             except LocalClusterError as exc:
                 if exc.reason is Refusal.PORT_IN_USE:  # taken since the probe: try another
                     continue
                 raise
+            self.spare_specs = {spec.index: spec for spec in spares}
             for node in started:
                 self.specs[node.spec.index] = node.spec
                 self.nodes[node.spec.index] = node
@@ -115,9 +117,24 @@ class LocalCluster:
             return
         raise RuntimeError(f"could not find free ports in {base_port_attempts_max} tries")
 
+    def _plan(self, base_port: int) -> tuple[list[NodeSpec], list[NodeSpec]]:
+        """The members (each one's peers the other members) and the spares (peers: the
+        members)."""
+        planned = localcluster.plan(nodes=self.size + self.spares, base_port=base_port,
+                                    data_dir=self.root)
+        members, spares = planned[:self.size], planned[self.size:]
+        raft = [spec.raft_address for spec in members]
+        return ([dataclasses.replace(spec, peers=tuple(a for a in raft if a != spec.raft_address))
+                 for spec in members],
+                [dataclasses.replace(spec, peers=tuple(raft)) for spec in spares])
+
+    def spec(self, i: int) -> NodeSpec:
+        """A member's or a spare's."""
+        return self.specs[i] if i in self.specs else self.spare_specs[i]
+
     def start(self, i: int, *, timeout_s: float = serving_timeout_s) -> LocalNode:
         """Starts node i again (same id, ports and data) and waits until it serves gRPC."""
-        spec = self.specs[i]
+        spec = self.spec(i)
         node = localcluster.start_node(
             spec, secret_file=self.secret_file, python=self._python(i),
             extra_args=self._node_args(spec) if self._node_args else (),
@@ -176,10 +193,10 @@ class LocalCluster:
         return self.nodes[i]
 
     def address(self, i: int) -> str:
-        return self.specs[i].grpc_address
+        return self.spec(i).grpc_address
 
     def peer_address(self, i: int) -> str:
-        return self.specs[i].peer_address
+        return self.spec(i).peer_address
 
     @property
     def secret_path(self) -> Path:
@@ -198,7 +215,7 @@ class LocalCluster:
         return admin_metadata(self.credential(), method)
 
     def index_of(self, node_id: str) -> int:
-        for i, spec in self.specs.items():
+        for i, spec in [*self.specs.items(), *self.spare_specs.items()]:
             if spec.node_id == node_id:
                 return i
         raise KeyError(f"no node {node_id!r} in this cluster")

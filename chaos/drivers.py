@@ -82,12 +82,30 @@ class PublisherConfig:
     first_node: str = ""  # the address to start on; '' = one picked by the seed
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What one message's publish got: a seq (0: none) or an error."""
+
+    seq: int = 0
+    duplicate: bool = False
+    error: str = ""
+    epoch: int = 0
+    primary: str = ""
+
+    @staticmethod
+    def of(ack: streams_pb2.PublishAck) -> _Outcome:
+        return _Outcome(int(ack.seq), bool(ack.duplicate), "", int(ack.epoch), ack.primary)
+
+
 class Publisher:
     """`history = await Publisher(addresses, config, seed=s).run()`; `stop()` ends it early."""
 
     def __init__(self, addresses: Sequence[str], config: PublisherConfig, *, seed: int,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, on_ack: Callable[[], None] | None = None
+                 ) -> None:
+        """`on_ack()` runs the moment a call's answer acknowledged a write."""
         self.config = config
+        self._on_ack = on_ack
         self.seed = seed
         self.clock = clock
         self._rng = random.Random(f"{seed}:{config.name}")
@@ -154,11 +172,15 @@ class Publisher:
             node, sent_at = self._nodes.current, self.clock()
             outcomes = await self._call(pending)
             done_at = self.clock()
+            if self._on_ack is not None and any(outcome.seq for outcome in outcomes):
+                self._on_ack()
             failed = []
-            for entry, (seq, duplicate, error) in zip(pending, outcomes, strict=True):
+            for entry, outcome in zip(pending, outcomes, strict=True):
                 msg_id = _entry_id(entry)
+                seq, duplicate, error = outcome.seq, outcome.duplicate, outcome.error
                 self.history.attempts.append(
-                    Attempt(msg_id, node, sent_at, done_at, seq, duplicate, error))
+                    Attempt(msg_id, node, sent_at, done_at, seq, duplicate, error,
+                            outcome.epoch, outcome.primary))
                 if seq:
                     self.history.acked[msg_id] = Ack(msg_id, seq, duplicate, sent_at, done_at, node)
                 else:
@@ -174,8 +196,8 @@ class Publisher:
             else:
                 self._backoff.reset()
 
-    async def _call(self, entries: list[streams_pb2.PublishEntry]) -> list[tuple[int, bool, str]]:
-        """(seq or 0, duplicate, error) per entry."""
+    async def _call(self, entries: list[streams_pb2.PublishEntry]) -> list[_Outcome]:
+        """One outcome per entry."""
         config = self.config
         stub = self._nodes.streams()
         try:
@@ -183,17 +205,17 @@ class Publisher:
                 [entry] = entries
                 ack = await stub.Publish(_as_request(entry, stream=config.stream),
                                          timeout=config.call_timeout_s)
-                return [(int(ack.seq), bool(ack.duplicate), "")]
+                return [_Outcome.of(ack)]
             response = await stub.PublishBatch(
                 streams_pb2.PublishBatchRequest(stream=config.stream, entries=entries),
                 timeout=config.call_timeout_s)
         except grpc.RpcError as exc:
-            return [(0, False, error_name(exc))] * len(entries)
+            return [_Outcome(error=error_name(exc))] * len(entries)
         results = expand_results(response)
         if len(results) != len(entries):
-            return [(0, False, "RESULT_COUNT_MISMATCH")] * len(entries)
-        return [(int(r.ack.seq), bool(r.ack.duplicate), "") if r.HasField("ack")
-                else (0, False, r.error.reason or "ERROR") for r in results]
+            return [_Outcome(error="RESULT_COUNT_MISMATCH")] * len(entries)
+        return [_Outcome.of(r.ack) if r.HasField("ack")
+                else _Outcome(error=r.error.reason or "ERROR") for r in results]
 
     # -- waiting on progress (for tests and benchmarks) ----------------------------------
 

@@ -225,12 +225,14 @@ def publish_value(*, stream: str, msg_ids: Sequence[str], seqs: Sequence[int | N
 
 
 def probe_value(*, stream: str, msg_id: str, seq: int | None = None, epoch: int | None = None,
-                error: str = "") -> Value:
+                primary: str = "", error: str = "") -> Value:
     value: Value = {"stream": stream, "msg_id": msg_id}
     if seq is not None:
         value["seq"] = seq
     if epoch is not None:
         value["epoch"] = epoch
+    if primary:
+        value["primary"] = primary
     if error:
         value["error"] = error
     return value

@@ -51,6 +51,8 @@ class Attempt:
     seq: int = 0
     duplicate: bool = False
     error: str = ""
+    epoch: int = 0  # the acknowledging primary's fencing epoch and node id (0, "": unknown)
+    primary: str = ""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ bandwidth_kbps = 64
 slice_bytes = 64
 limit_bytes = 64 * 1024
 restart_gap_s = 1.0  # between two nodes of a rolling restart
+ack_wait_s = 2.0  # power loss of the primary: the longest wait for an acknowledgement
 
 
 class Target(Protocol):
@@ -71,6 +72,22 @@ class Target(Protocol):
 
     def disk(self, i: int) -> PowerFs:
         """Node i's data directory file system (runs with power faults only)."""
+        ...
+
+    async def kill9_after_ack(self, i: int, *, timeout_s: float) -> None:
+        """kill -9 of node i the moment the next write is acknowledged."""
+        ...
+
+    def spares(self) -> list[int]:
+        """Nodes that are not members yet (they join and leave)."""
+        ...
+
+    async def join(self, i: int) -> None: ...
+
+    async def leave(self, i: int) -> None: ...
+
+    async def move_primary(self, i: int) -> None:
+        """The run's stream moves its primary to node i."""
         ...
 
 
@@ -130,8 +147,9 @@ class Kill:
 class PowerLoss:
     """Power loss: the victims are killed (-9) and their disks forget every write not synced
     (`writeback`: a seeded part of it reaches the disk first, out of order); they start again
-    when the fault stops. Of the whole cluster, one node, or the primary (while it acks a
-    steady stream of publishes)."""
+    when the fault stops. Of the whole cluster, one node, or the primary (killed from inside
+    the callback of an acknowledgement it just sent, so the write it acknowledged last is the
+    one most likely to be lost)."""
 
     whom: str  # all | node | primary
     writeback: bool = False
@@ -151,7 +169,10 @@ class PowerLoss:
         else:
             victims = [target.rng.choice(nodes)]
         for i in victims:
-            await target.kill9(i)
+            if self.whom == "primary":
+                await target.kill9_after_ack(i, timeout_s=ack_wait_s)
+            else:
+                await target.kill9(i)
         for i in victims:
             disk = target.disk(i)
             if self.writeback:
@@ -350,6 +371,31 @@ class RollingRestart:
         return None
 
 
+@dataclass
+class JoinLeave:
+    """A new node joins on an empty disk and takes over the stream's primary; when the fault
+    stops it leaves again (the stream and its copies move off it first) and its disk is
+    emptied, so the next window's join starts from nothing too."""
+
+    name: str = "join-leave"
+    _joined: list[int] = field(default_factory=list)
+
+    async def start(self, target: Target) -> Started:
+        spares = target.spares()
+        if not spares:
+            raise RuntimeError("join-leave needs a spare node (the run plans one)")
+        node = spares[0]
+        self._joined = [node]
+        await target.join(node)
+        await target.move_primary(node)
+        return Started([node])
+
+    async def stop(self, target: Target) -> None:
+        for i in self._joined:
+            await target.leave(i)
+        self._joined = []
+
+
 NEMESES: dict[str, Callable[[], Fault]] = {
     "kill-primary": lambda: Kill("primary"),
     "kill-leader": lambda: Kill("leader"),
@@ -368,6 +414,7 @@ NEMESES: dict[str, Callable[[], Fault]] = {
     "limit-data": lambda: SlowLinks("limit-data"),
     "cpu": lambda: CpuStarvation(),
     "rolling-restart": lambda: RollingRestart(),
+    "join-leave": lambda: JoinLeave(),
     "power-loss-all": lambda: PowerLoss("all"),
     "power-loss-node": lambda: PowerLoss("node"),
     "power-loss-primary": lambda: PowerLoss("primary"),
@@ -378,6 +425,8 @@ NEMESES: dict[str, Callable[[], Fault]] = {
 # The nemeses that need each node's data directory on the power-loss file system.
 POWER_NEMESES = frozenset({"power-loss-all", "power-loss-node", "power-loss-primary",
                            "power-loss-writeback", "disk-full", "disk-errors"})
+# The nemeses that need a spare node beside the members.
+SPARE_NEMESES = frozenset({"join-leave"})
 
 
 def parse_nemeses(text: str) -> list[str]:
@@ -413,9 +462,11 @@ class Schedule:
     windows: list[Window] = field(default_factory=list)
 
     async def run(self, target: Target, *, duration_s: float, clock: Callable[[], float],
-                  on_event: Callable[[str, str, list[int], bool], None]) -> None:
+                  on_event: Callable[[str, str, list[int], bool, float], None]) -> None:
         """`clock()` is seconds since the run started; `on_event(name, phase, targets,
-        majority_connected)` is told every start and stop."""
+        majority_connected, at)` is told every start and stop, `at` (on `clock()`) the moment
+        the fault had hit (the victim killed, the link cut, the node joined and primary) or
+        its stop was done (every node back, every link healed)."""
         if not self.names:
             await asyncio.sleep(max(0.0, duration_s - clock()))
             return
@@ -427,12 +478,13 @@ class Schedule:
             fault = NEMESES[self.rng.choice(list(self.names))]()
             begun = clock()
             started = await fault.start(target)
-            on_event(fault.name, "start", started.targets, started.majority_connected)
+            on_event(fault.name, "start", started.targets, started.majority_connected, clock())
             try:
                 await asyncio.sleep(max(0.0, length - (clock() - begun)))
             finally:
                 await fault.stop(target)
-                on_event(fault.name, "stop", started.targets, started.majority_connected)
+                on_event(fault.name, "stop", started.targets, started.majority_connected,
+                         clock())
             self.windows.append(Window(fault.name, begun, clock(), tuple(started.targets),
                                        started.majority_connected))
         await asyncio.sleep(max(0.0, duration_s - clock()))

@@ -96,18 +96,21 @@ def _publishes(ops: _Ops, history: PublishHistory) -> None:
         msg_ids = [a.msg_id for a in call]
         error = next((a.error for a in call if a.error), "")
         ok = not error
+        epoch = first.epoch if ok and first.epoch else None
         if probe:
             ops.call(history.name, "probe", first.node, first.sent_at, first.done_at,
                      probe_value(stream=history.stream, msg_id=first.msg_id),
                      probe_value(stream=history.stream, msg_id=first.msg_id,
-                                 seq=first.seq if ok else None, error=error), ok=ok)
+                                 seq=first.seq if ok else None, epoch=epoch,
+                                 primary=first.primary if ok else "", error=error), ok=ok)
             continue
         f = "publish" if len(call) == 1 else "publish_batch"
         seqs: list[int | None] = [a.seq or None for a in call]
         ops.call(history.name, f, first.node, first.sent_at, first.done_at,
                  publish_value(stream=history.stream, msg_ids=msg_ids),
                  publish_value(stream=history.stream, msg_ids=msg_ids,
-                               seqs=seqs if ok else (), error=error), ok=ok)
+                               seqs=seqs if ok else (), epoch=epoch,
+                               primary=first.primary if ok else "", error=error), ok=ok)
 
 
 def _consumes(ops: _Ops, history: ConsumeHistory) -> None:

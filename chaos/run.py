@@ -10,8 +10,12 @@ started are stopped by pid, whatever happens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
+import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,14 +31,14 @@ from raftlog.chaos.checks.verdict import Verdict, check_all
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.events import HistoryWriter
 from raftlog.chaos.links import ProxyNet
-from raftlog.chaos.nemesis import NEMESES, POWER_NEMESES, Schedule
+from raftlog.chaos.nemesis import NEMESES, POWER_NEMESES, SPARE_NEMESES, Schedule
 from raftlog.chaos.nodeproc import free_port
 from raftlog.chaos.powerfs import PowerFs
 from raftlog.chaos.recorded import PROBE_NAME, FaultEvent, Read, final_state, to_history
 from raftlog.chaos.toxiproxy.launch import ToxiproxyProcess, start_toxiproxy
 from raftlog.node.cli import localcluster
 from raftlog.node.cli.localcluster import NodeSpec, ProcessState
-from raftlog.v1 import streams_pb2, streams_pb2_grpc
+from raftlog.v1 import cluster_pb2, streams_pb2, streams_pb2_grpc
 
 STREAM = "chaos"
 SUBJECT_PREFIX = "chaos"
@@ -45,6 +49,9 @@ read_period_s = 0.1
 read_timeout_s = 1.0
 call_timeout_s = 2.0
 route_timeout_s = 2.0
+membership_call_timeout_s = 30.0  # one JoinNode, LeaveNode or MigrateStream call
+membership_timeout_s = 60.0  # retries of one membership change until it is done
+membership_retry_s = 0.5
 heal_timeout_s = 60.0  # after the last fault: every node back and the replicas converged
 drain_timeout_s = 30.0  # the consumer's drain after the publishers stop
 batch_size = 10  # the batched publisher's PublishBatch size
@@ -64,6 +71,11 @@ class RunConfig:
     @property
     def replicas(self) -> int:
         return min(3, self.nodes)
+
+    @property
+    def spares(self) -> int:
+        """Nodes planned beside the members, started only to join (the join-leave nemesis)."""
+        return int(bool(SPARE_NEMESES & set(self.nemeses)))
 
     @property
     def power(self) -> bool:
@@ -108,7 +120,9 @@ class ChaosCluster:
         self._net: ProxyNet | None = None
         self.disks: dict[int, PowerFs] = {}
         self.cluster = LocalCluster(config.workdir / "cluster", nodes=config.nodes,
-                                    prepare=self._prepare, node_args=self._node_args)
+                                    prepare=self._prepare, node_args=self._node_args,
+                                    spares=config.spares)
+        self._ack_hooks: list[Callable[[], None]] = []
 
     def _prepare(self, specs: list[NodeSpec]) -> None:
         self._net = ProxyNet(specs, api_host=self._toxiproxy.host,
@@ -193,6 +207,94 @@ class ChaosCluster:
     def pid(self, i: int) -> int:
         return self.cluster.node(i).pid
 
+    # -- right after an acknowledgement --------------------------------------------------
+
+    def acked(self) -> None:
+        """Told by the publishers the moment a write is acknowledged (before anything else
+        runs on the loop)."""
+        for hook in list(self._ack_hooks):
+            hook()
+
+    async def kill9_after_ack(self, i: int, *, timeout_s: float) -> None:
+        """kill -9 of node i from inside the next acknowledgement's callback, so the node
+        dies right after it acknowledged; after `timeout_s` without one, at once."""
+        fired = asyncio.Event()
+        pid = self.pid(i)
+
+        def on_ack() -> None:
+            if not fired.is_set():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                fired.set()
+
+        self._ack_hooks.append(on_ack)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fired.wait(), timeout_s)
+        finally:
+            self._ack_hooks.remove(on_ack)
+        await self.kill9(i)  # reaps it (or kills it now if no ack came)
+
+    # -- membership ----------------------------------------------------------------------
+
+    def spares(self) -> list[int]:
+        return sorted(self.cluster.spare_specs)
+
+    async def join(self, i: int) -> None:
+        """Starts spare i on an empty data directory and joins it through a running member."""
+        spec = self.cluster.spec(i)
+        await asyncio.to_thread(_empty, spec.data_dir)
+        await asyncio.to_thread(self.cluster.start, i)
+        request = cluster_pb2.JoinNodeRequest(
+            node_id=spec.node_id, raft_address=spec.raft_address,
+            grpc_address=spec.grpc_address, peer_address=spec.peer_address)
+        await self._admin("JoinNode", request, done={"NODE_EXISTS"}, avoid=i)
+
+    async def leave(self, i: int) -> None:
+        """Takes node i out of the cluster (its copies and primaries move first), stops it
+        and empties its data directory."""
+        request = cluster_pb2.LeaveNodeRequest(node_id=self.cluster.spec(i).node_id)
+        await self._admin("LeaveNode", request, done={"NODE_NOT_FOUND"}, avoid=i)
+        await asyncio.to_thread(self.cluster.stop, i)
+        await asyncio.to_thread(_empty, self.cluster.spec(i).data_dir)
+
+    async def move_primary(self, i: int) -> None:
+        """The run's stream moves its primary to node i (MigrateStream)."""
+        request = cluster_pb2.MigrateStreamRequest(stream=STREAM,
+                                                   target=self.cluster.spec(i).node_id)
+        await self._admin("MigrateStream", request, done=set(), avoid=None)
+
+    async def _admin(self, method: str, request: Any, *, done: set[str],
+                     avoid: int | None) -> None:
+        """One admin call through a random running member, retried until it succeeds (or
+        fails with a reason in `done`) or `membership_timeout_s` passes."""
+        deadline = time.monotonic() + membership_timeout_s
+        while True:
+            via = self.rng.choice([i for i in self.running() if i != avoid])
+            call = getattr(self.cluster.cluster(via), method)
+            try:
+                await asyncio.to_thread(call, request, timeout=membership_call_timeout_s)
+                return
+            except grpc.RpcError as exc:
+                reason = wl.error_name(exc)
+                if reason in done:
+                    return
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"{method} through n{via} still failing after "
+                                       f"{membership_timeout_s} s: {reason}") from exc
+            await asyncio.sleep(membership_retry_s)
+
+
+def _empty(directory: Path) -> None:
+    """Removes what `directory` holds (it may be a mount point, so it stays)."""
+    if not directory.exists():
+        return
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
 
 class Reader:
     """GetStreamInfo through a random node every read_period_s: the last seq it reports."""
@@ -237,16 +339,18 @@ async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[
         wl.Publisher(addresses, wl.PublisherConfig(
             stream=STREAM, subject_prefix=SUBJECT_PREFIX, name="p1", subjects=4,
             count_max=10**9, duration_s_max=config.duration_s, rate_per_s=half,
-            call_timeout_s=call_timeout_s), seed=config.seed),
+            call_timeout_s=call_timeout_s),
+            seed=config.seed, on_ack=target.acked),
         wl.Publisher(addresses, wl.PublisherConfig(
             stream=STREAM, subject_prefix=SUBJECT_PREFIX, name="p2", subjects=4,
             count_max=10**9, duration_s_max=config.duration_s, rate_per_s=half,
-            batch_size=batch_size, call_timeout_s=call_timeout_s), seed=config.seed),
+            batch_size=batch_size, call_timeout_s=call_timeout_s),
+            seed=config.seed, on_ack=target.acked),
         wl.Publisher(addresses, wl.PublisherConfig(
             stream=STREAM, subject_prefix=f"{SUBJECT_PREFIX}.probe", name=PROBE_NAME,
             count_max=10**9, duration_s_max=config.duration_s,
             rate_per_s=1 / probe_period_s, call_timeout_s=probe_timeout_s),
-            seed=config.seed),
+            seed=config.seed, on_ack=target.acked),
     ]
     consumer = wl.Consumer(addresses, wl.ConsumerConfig(
         stream=STREAM, name=CONSUMER, duration_s_max=config.duration_s + heal_timeout_s
@@ -258,8 +362,9 @@ async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[
     started_at = time.monotonic()
     faults: list[FaultEvent] = []
 
-    def on_event(name: str, phase: str, targets: list[int], majority: bool) -> None:
-        at = time.monotonic()
+    def on_event(name: str, phase: str, targets: list[int], majority: bool, since: float
+                 ) -> None:
+        at = started_at + since
         faults.append(FaultEvent(at, name, phase, tuple(f"n{i}" for i in targets), majority))
         progress(f"{at - started_at:7.1f} s  {phase:5} {name} "
                  f"{','.join(f'n{i}' for i in targets)}")

@@ -1,6 +1,7 @@
 """The timeline of a chaos run: acknowledged messages per second and write latency (p50, p99)
-over time, each fault's window shaded and its start marked, as a PNG (matplotlib) and an HTML
-page that embeds it beside the verdict and the fault table.
+over time, each fault's window shaded and its start marked, each failover (the first write a
+new epoch acknowledged) marked, as a PNG (matplotlib) and an HTML page that embeds it beside
+the verdict and the fault table.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from raftlog.chaos.checks.availability import percentile
 from raftlog.chaos.checks.calls import calls
+from raftlog.chaos.checks.primaries import failovers
 from raftlog.chaos.events import NEMESIS, PROBE, PUBLISH, PUBLISH_BATCH, Op, get_ints, get_str
 
 bin_s = 1.0  # one point per second
@@ -109,6 +111,16 @@ def write_png(history: Sequence[Op], path: Path, *, title: str) -> Path:
         top.annotate(f"{span.name} {span.targets}", (span.start_t, 0), xycoords=(
             "data", "axes fraction"), xytext=(2, 2), textcoords="offset points", fontsize=7,
             rotation=90, va="bottom")
+    changes = failovers(history)
+    for change in changes:
+        for axis in (top, bottom):
+            axis.axvline(change.t, color="tab:purple", linewidth=1.0, linestyle="--")
+        top.annotate(f"epoch {change.epoch}: {change.node}", (change.t, 1), xycoords=(
+            "data", "axes fraction"), xytext=(2, -2), textcoords="offset points", fontsize=7,
+            rotation=90, va="top", color="tab:purple")
+    if changes:
+        top.plot([], [], color="tab:purple", linestyle="--", label="failover (new epoch)")
+        top.legend(loc="upper right")
     top.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=figure_dpi)
@@ -123,6 +135,9 @@ def write_html(history: Sequence[Op], path: Path, *, png: Path, title: str,
     rows = "".join(
         f"<tr><td>{html.escape(s.name)}</td><td>{html.escape(s.targets)}</td>"
         f"<td>{s.start_t:.1f}</td><td>{s.stop_t:.1f}</td></tr>" for s in fault_spans(history))
+    changes = "".join(
+        f"<tr><td>{html.escape(c.stream)}</td><td>{c.epoch}</td><td>{html.escape(c.node)}</td>"
+        f"<td>{c.t:.1f}</td></tr>" for c in failovers(history))
     path.write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px}"
@@ -130,5 +145,7 @@ def write_html(history: Sequence[Op], path: Path, *, png: Path, title: str,
         f"<h1>{html.escape(title)}</h1><img alt='timeline' src='data:image/png;base64,{image}'>"
         f"<h2>Verdict</h2><pre>{html.escape(summary)}</pre><h2>Faults</h2>"
         "<table><tr><th>fault</th><th>targets</th><th>start s</th><th>stop s</th></tr>"
-        f"{rows}</table></body></html>\n", encoding="utf-8")
+        f"{rows}</table><h2>Failovers (first acknowledgement in a new epoch)</h2>"
+        "<table><tr><th>stream</th><th>epoch</th><th>primary</th><th>at s</th></tr>"
+        f"{changes}</table></body></html>\n", encoding="utf-8")
     return path

@@ -9,12 +9,16 @@ Subtle cases, decided:
   primaries.
 - Acknowledgements without an epoch take part in the one-seq rule only.
 - The same msg_id acknowledged at one seq several times (retries, dedupe) is one message.
+
+`failovers` (not a checker) lists when each stream's acknowledgements first came from a new
+epoch: the failovers, restarts and moves the run went through, for the report and the chart.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from raftlog.chaos.checks.anomaly import Anomaly, Kind
 from raftlog.chaos.checks.calls import AckedWrite, acked_writes, events
@@ -62,3 +66,32 @@ def _one_seq_twice(writes: Sequence[AckedWrite]) -> list[Anomaly]:
                                  stream, (seq,), tuple(dict.fromkeys(w.node for w in
                                                                      by_id.values()))))
     return found
+
+
+@dataclass(frozen=True)
+class Failover:
+    """The first acknowledgement of `stream` in a new `epoch`, at `t`, by `node`."""
+
+    stream: str
+    epoch: int
+    node: str
+    t: float
+
+
+def failovers(history: Sequence[Op]) -> list[Failover]:
+    """Each stream's epoch changes among its acknowledgements, in time order (the first epoch
+    a stream acknowledged in is not one)."""
+    first: dict[tuple[str, int], Failover] = {}
+    for write in acked_writes(history):
+        if write.epoch is not None and write.call.completion is not None:
+            key = (write.stream, write.epoch)
+            seen = first.get(key)
+            t = write.call.completion.t
+            if seen is None or t < seen.t:
+                first[key] = Failover(write.stream, write.epoch, write.node, t)
+    changes = []
+    for stream in sorted({stream for stream, _ in first}):
+        epochs = sorted((change for (name, _), change in first.items() if name == stream),
+                        key=lambda change: change.epoch)
+        changes += epochs[1:]
+    return sorted(changes, key=lambda change: change.t)

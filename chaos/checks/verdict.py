@@ -19,7 +19,7 @@ from raftlog.chaos.checks.consumers import ack_floors_backwards, acks_undone
 from raftlog.chaos.checks.final import Final
 from raftlog.chaos.checks.order import producer_order
 from raftlog.chaos.checks.payloads import two_payloads
-from raftlog.chaos.checks.primaries import split_brain
+from raftlog.chaos.checks.primaries import Failover, failovers, split_brain
 from raftlog.chaos.checks.reads import stale_reads
 from raftlog.chaos.checks.replicas import replicas_differ
 from raftlog.chaos.checks.stored import duplicates, gaps, lost
@@ -48,6 +48,7 @@ class Verdict:
     acknowledged: int  # distinct (stream, msg_id) acknowledged
     availability: Availability
     seed: int | None = None
+    failovers: tuple[Failover, ...] = ()  # epoch changes seen in the acknowledgements
 
     def of_kind(self, kind: Kind) -> list[Anomaly]:
         return [anomaly for anomaly in self.anomalies if anomaly.kind is kind]
@@ -71,6 +72,7 @@ class Verdict:
         lines = [f"chaos check: {head}", f"  {'kind':<24}{'count':>10}",
                  f"  {'acknowledged':<24}{self.acknowledged:>10}"]
         lines += [f"  {LABELS[kind]:<24}{self.count(kind):>10}" for kind in Kind]
+        lines.append(f"  {'failovers (new epochs)':<24}{len(self.failovers):>10}")
         lines += [f"  {line}" for line in self.availability.summary().splitlines()]
         for kind in Kind:
             listed = self.of_kind(kind)
@@ -89,7 +91,8 @@ class Verdict:
                 "recover_s_p50": availability.recover_s_p50,
                 "recover_s_max": availability.recover_s_max,
                 "unrecovered": availability.unrecovered,
-                "majority_cut_s": availability.majority_cut_s}
+                "majority_cut_s": availability.majority_cut_s,
+                "failovers": len(self.failovers)}
 
     def raise_if_failed(self) -> None:
         if not self.ok:
@@ -117,4 +120,5 @@ def check_all(history: Sequence[Op], final: Final | None = None, *,
         found += check_availability(history, window_s_max=window_s_max)
     acknowledged = len({(write.stream, write.msg_id) for write in acked_writes(history)})
     return Verdict(tuple(found), acknowledged,
-                   measure_availability(history, instant_faults=instant_faults), seed)
+                   measure_availability(history, instant_faults=instant_faults), seed,
+                   tuple(failovers(history)))

@@ -98,6 +98,7 @@ __all__ = [
     "read_pid_file",
     "ready_timeout_s_default",
     "start_node",
+    "start_specs",
     "status",
     "stop",
     "stop_timeout_s_default",
@@ -223,6 +224,18 @@ def up(
     """Starts the cluster's nodes without waiting for them (see `wait_ready`). Checks every
     node before starting any; if one fails to start, the ones already started are stopped."""
     specs = plan(nodes=nodes, base_port=base_port, data_dir=data_dir)
+    return start_specs(specs, secret_file=secret_file, python=python, extra_args=extra_args)
+
+
+def start_specs(
+    specs: Sequence[NodeSpec],
+    *,
+    secret_file: Path | None,
+    python: str = sys.executable,
+    extra_args: Callable[[NodeSpec], Sequence[str]] | None = None,
+) -> list[LocalNode]:
+    """`up` for nodes already planned (e.g. some of a plan's nodes, the others kept aside to
+    join later)."""
     specs[0].root.mkdir(parents=True, exist_ok=True)
     check_can_start(specs)
     started: list[LocalNode] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raftlog.base import limits, subjects
 from raftlog.base.errors import RaftlogError, Reason
@@ -44,6 +44,9 @@ def draft(subject: str, payload: bytes = b"", *, headers: Sequence[tuple[str, st
 class Appended:
     seq: int
     duplicate: bool = False
+    # The stream's fencing epoch here when it was acknowledged (what it says of the message,
+    # not part of it: outcomes compare by seq and duplicate).
+    epoch: int = field(default=0, compare=False)
 
 
 class StreamPublishing(StreamRetention):
@@ -174,7 +177,7 @@ class StreamPublishing(StreamRetention):
                 if msg_id:
                     duplicate = self._duplicate_of(msg_id, now_ms)
                     if duplicate is not None:
-                        results.append(Appended(duplicate, duplicate=True))
+                        results.append(Appended(duplicate, duplicate=True, epoch=record.epoch))
                         wait_seq = max(wait_seq, duplicate)
                         continue
                 if expects:
@@ -202,7 +205,7 @@ class StreamPublishing(StreamRetention):
             if record.messages == 1:
                 record.first_seq = seq
             touched.add(subject)
-            results.append(Appended(seq))
+            results.append(Appended(seq, epoch=record.epoch))
             wait_seq = seq
             if check_limits and self._over_limits(subject):
                 batch.append(self.stream_id, first_seq=run_first, values=values,

@@ -11,7 +11,8 @@ def expand_results(response: streams_pb2.PublishBatchResponse) -> list[streams_p
         return list(response.results)
     return [
         streams_pb2.PublishResult(ack=streams_pb2.PublishAck(
-            stream=response.stream, seq=response.first_seq + index))
+            stream=response.stream, seq=response.first_seq + index, epoch=response.epoch,
+            primary=response.primary))
         for index in range(response.acked)
     ]
 

@@ -25,27 +25,34 @@ from raftlog.v1 import streams_pb2
 Indexed = list[tuple[int, streams_pb2.PublishRequest]]
 
 
-def result(stream: str, outcome: Appended | RaftlogError) -> streams_pb2.PublishResult:
+def ack(stream: str, outcome: Appended, *, primary: str) -> streams_pb2.PublishAck:
+    return streams_pb2.PublishAck(stream=stream, seq=outcome.seq, duplicate=outcome.duplicate,
+                                  epoch=outcome.epoch, primary=primary)
+
+
+def result(stream: str, outcome: Appended | RaftlogError, *, primary: str
+           ) -> streams_pb2.PublishResult:
     if isinstance(outcome, RaftlogError):
         return streams_pb2.PublishResult(error=rpc.to_error_pb(outcome))
-    return streams_pb2.PublishResult(
-        ack=streams_pb2.PublishAck(stream=stream, seq=outcome.seq, duplicate=outcome.duplicate))
+    return streams_pb2.PublishResult(ack=ack(stream, outcome, primary=primary))
 
 
-def batch_response(stream_names: Sequence[str], outcomes: Sequence[Appended | RaftlogError]
-                   ) -> streams_pb2.PublishBatchResponse:
-    """The compact form (first_seq) when every message got the next new seq of one stream;
-    else one PublishResult per message."""
+def batch_response(stream_names: Sequence[str], outcomes: Sequence[Appended | RaftlogError],
+                   *, primary: str) -> streams_pb2.PublishBatchResponse:
+    """The compact form (first_seq) when every message got the next new seq of one stream in
+    one epoch; else one PublishResult per message. `primary`: this node's id."""
     if outcomes and stream_names and all(name == stream_names[0] for name in stream_names):
         first = outcomes[0]
         if isinstance(first, Appended) and all(
             isinstance(outcome, Appended) and not outcome.duplicate
-            and outcome.seq == first.seq + index for index, outcome in enumerate(outcomes)
+            and outcome.seq == first.seq + index and outcome.epoch == first.epoch
+            for index, outcome in enumerate(outcomes)
         ):
             return streams_pb2.PublishBatchResponse(
-                acked=len(outcomes), first_seq=first.seq, stream=stream_names[0])
-    results = [result(name, outcome) for name, outcome in zip(stream_names, outcomes,
-                                                               strict=True)]
+                acked=len(outcomes), first_seq=first.seq, stream=stream_names[0],
+                epoch=first.epoch, primary=primary)
+    results = [result(name, outcome, primary=primary)
+               for name, outcome in zip(stream_names, outcomes, strict=True)]
     failed = sum(1 for outcome in outcomes if isinstance(outcome, RaftlogError))
     return streams_pb2.PublishBatchResponse(
         results=results, acked=len(outcomes) - failed, failed=failed)
@@ -75,8 +82,10 @@ def check_batch(entries: int) -> None:
 class LocalStream:
     """One PublishStream call's messages for streams served here."""
 
-    def __init__(self, engine: StreamEngine) -> None:
+    def __init__(self, engine: StreamEngine, *, primary: str) -> None:
+        """`primary`: this node's id, for the acknowledgements."""
         self._engine = engine
+        self._primary = primary
         self._names: list[str] = []
         self._outcomes: list[Appended | RaftlogError] = []
         self._pending: dict[str, int] = {}
@@ -100,7 +109,7 @@ class LocalStream:
             self._stage(chunk)
         await self._commit()
         return batch_response(self._names, _fail_uncommitted(
-            self._names, self._outcomes, self._confirmed, self._failed))
+            self._names, self._outcomes, self._confirmed, self._failed), primary=self._primary)
 
     def _stage(self, chunk: list[streams_pb2.PublishRequest]) -> int:
         """Stages a run of messages for one stream; returns how many were staged."""
@@ -160,7 +169,7 @@ async def split_stream(engine: StreamEngine, where: Route,
 
     async def here() -> None:
         if local:
-            reply = await LocalStream(engine).run(_items(local))
+            reply = await LocalStream(engine, primary=where.node_id).run(_items(local))
             _place(local, expand_results(reply), results)
 
     async def there(address: str, items: Indexed) -> None:

@@ -14,7 +14,13 @@ from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.ops import canonical, route
 from raftlog.node.ops.metadata import StreamMetadata
-from raftlog.node.ops.publish import LocalStream, batch_response, check_batch, split_stream
+from raftlog.node.ops.publish import (
+    LocalStream,
+    ack,
+    batch_response,
+    check_batch,
+    split_stream,
+)
 from raftlog.node.ops.route import Route
 from raftlog.node.transport.calls import Call
 from raftlog.node.transport.forwarding import Forward
@@ -175,8 +181,7 @@ class StreamOps:
             (outcome,) = await self._engine.publish(request.stream, [request])
             if isinstance(outcome, RaftlogError):
                 raise outcome
-            return streams_pb2.PublishAck(stream=request.stream, seq=outcome.seq,
-                                          duplicate=outcome.duplicate)
+            return ack(request.stream, outcome, primary=self._where.node_id)
 
         return await self._on_primary(canonical.PUBLISH, request.stream, request, via, local)
 
@@ -187,7 +192,8 @@ class StreamOps:
 
         async def local() -> streams_pb2.PublishBatchResponse:
             outcomes = await self._engine.publish(request.stream, request.entries)
-            return batch_response([request.stream] * len(outcomes), outcomes)
+            return batch_response([request.stream] * len(outcomes), outcomes,
+                                  primary=self._where.node_id)
 
         return await self._on_primary(canonical.PUBLISH_BATCH, request.stream, request, via,
                                       local)
@@ -196,5 +202,5 @@ class StreamOps:
                              via: Call) -> streams_pb2.PublishBatchResponse:
         """One result per message in order; messages for streams served elsewhere go there."""
         if self._where.forwarder is None:
-            return await LocalStream(self._engine).run(requests)
+            return await LocalStream(self._engine, primary=self._where.node_id).run(requests)
         return await split_stream(self._engine, self._where, requests, via)

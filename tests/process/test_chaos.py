@@ -24,7 +24,8 @@ trial_duration_s = 60.0
 
 def test_a_short_run_with_kills_and_partitions_loses_nothing(tmp_path: Path) -> None:
     result = run_chaos(RunConfig(workdir=tmp_path, nodes=3, duration_s=short_duration_s,
-                                 nemeses=("kill-primary", "partition-primary", "bridge"),
+                                 nemeses=("kill-primary", "partition-primary", "bridge",
+                                          "join-leave"),
                                  rate_per_s=100, seed=11, fault_s=(3.0, 5.0),
                                  quiet_s=(2.0, 4.0)), progress=lambda line: None)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -32,6 +33,10 @@ def test_a_short_run_with_kills_and_partitions_loses_nothing(tmp_path: Path) -> 
     assert report["ok"] and report["verdict"]["lost"] == 0 and report["verdict"]["duplicate"] == 0
     assert result.acknowledged > 1_000
     assert len(result.faults) >= 3  # the schedule really broke things
+    assert "join-leave" in {fault["name"] for fault in result.faults}
+    # every acknowledgement names its primary and epoch: the primary changed, never twice in
+    # one epoch
+    assert report["verdict"]["failovers"] >= 2 and report["verdict"]["split-brain"] == 0
     history = (tmp_path / "history.jsonl").read_text().splitlines()
     assert any('"process":"nemesis"' in line for line in history)
     assert "--seed 11" in result.replay_command()

@@ -36,14 +36,19 @@ def create(cluster: LocalCluster, i: int, name: str, **fields: object) -> types_
 
 def test_any_node_serves_any_request(cluster3: LocalCluster) -> None:
     create(cluster3, 1, "orders", subjects=["orders.>"])
+    primary = cluster3.cluster(1).ExplainRoute(cluster_pb2.ExplainRouteRequest(
+        stream="orders"), timeout=call_timeout_s).primary
     for index in range(10):
-        cluster3.streams(3).Publish(streams_pb2.PublishRequest(
+        ack = cluster3.streams(1 + index % 3).Publish(streams_pb2.PublishRequest(
             stream="orders", subject=f"orders.{index % 2}", payload=b"%d" % index),
             timeout=call_timeout_s)
+        # whichever node was called, the primary acknowledged, in the stream's first epoch
+        assert (ack.seq, ack.epoch, ack.primary) == (index + 1, 1, primary)
     batch = cluster3.streams(3).PublishBatch(streams_pb2.PublishBatchRequest(
         stream="orders", entries=[streams_pb2.PublishEntry(subject="orders.b", payload=b"b")] * 90),
         timeout=call_timeout_s)
     assert batch.acked == 90
+    assert (batch.first_seq, batch.epoch, batch.primary) == (11, 1, primary)
     cluster3.consumers(2).CreateConsumer(consumers_pb2.CreateConsumerRequest(
         stream="orders", config=consumers_pb2.ConsumerConfig(name="c")), timeout=call_timeout_s)
     fetched = cluster3.consumers(2).Fetch(consumers_pb2.FetchRequest(

@@ -594,3 +594,16 @@ def test_a_run_with_anomalies_counts_them_per_kind_and_prints_the_seed() -> None
     assert "lost: b acknowledged at seq 2" in summary
     with pytest.raises(checks.VerdictFailed):
         verdict.raise_if_failed()
+
+
+def test_failovers_are_the_first_acknowledgement_of_each_new_epoch() -> None:
+    h = History()
+    h.publish("p1", "a", t=0.1, done=0.2, seq=1, epoch=1, primary="n1")
+    h.publish("p2", "b", t=0.3, done=0.5, seq=2, epoch=2, primary="n2")
+    h.publish("p1", "c", t=0.6, done=0.7, seq=3, epoch=2, primary="n2")
+    h.publish("p1", "d", t=1.0, done=1.1, seq=4, epoch=4, primary="n3")
+    h.publish("p1", "e", t=1.2, done=1.3, seq=5, primary="n3")  # no epoch: not counted
+    changes = checks.primaries.failovers(h.ops)
+    assert [(c.epoch, c.node) for c in changes] == [(2, "n2"), (4, "n3")]
+    assert [c.t for c in changes] == pytest.approx([0.5, 1.1])
+    assert len(checks.check_all(h.ops).failovers) == 2

@@ -538,20 +538,29 @@ class PublishAck(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PRIMARY_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     seq: _builtins.int
     duplicate: _builtins.bool
     """The msg_id was seen within the window; seq is the original message's."""
+    epoch: _builtins.int
+    """The stream's fencing epoch on the primary that acknowledged it, and that primary's node
+    id (empty on a node that runs alone): two primaries never acknowledge in one epoch.
+    """
+    primary: _builtins.str
     def __init__(
         self,
         *,
         stream: _builtins.str = ...,
         seq: _builtins.int = ...,
         duplicate: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
+        primary: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "seq", b"seq", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "epoch", b"epoch", "primary", b"primary", "seq", b"seq", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -664,12 +673,17 @@ class PublishBatchResponse(_message.Message):
     FAILED_FIELD_NUMBER: _builtins.int
     FIRST_SEQ_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PRIMARY_FIELD_NUMBER: _builtins.int
     acked: _builtins.int
     failed: _builtins.int
     first_seq: _builtins.int
     """Set (non-zero) only in the compact form."""
     stream: _builtins.str
     """The stream of every message, in the compact form."""
+    epoch: _builtins.int
+    """The compact form's PublishAck.epoch and PublishAck.primary, shared by every message."""
+    primary: _builtins.str
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublishResult]: ...
     def __init__(
@@ -680,10 +694,12 @@ class PublishBatchResponse(_message.Message):
         failed: _builtins.int = ...,
         first_seq: _builtins.int = ...,
         stream: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        primary: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "failed", b"failed", "first_seq", b"first_seq", "results", b"results", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "epoch", b"epoch", "failed", b"failed", "first_seq", b"first_seq", "primary", b"primary", "results", b"results", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
