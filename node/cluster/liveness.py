@@ -15,7 +15,8 @@
   `liveness_delay_factor` times the worst scheduling delay seen in the last
   `liveness_delay_window_s` (this loop's lateness, ping round trips), capped at
   `failover_after_s_max`. On an idle machine it stays at `failover_after_s`; on a starved one
-  it grows instead of firing.
+  it grows instead of firing. A ping sent to a member already silent past the threshold is no
+  sample: the answer that ends its outage measures the outage.
 
 Every timing named here is in base/limits.py ("Liveness"), read at use time.
 
@@ -223,9 +224,16 @@ class LivenessMonitor:
         except (grpc.aio.AioRpcError, RaftlogError):
             return
         now = self._clock.monotonic_s()
+        silent_when_sent_s = sent - (peer.last_ok_s if peer.last_ok_s is not None
+                                     else peer.first_try_s)
         peer.last_ok_s = now
         peer.reply, peer.reply_s = reply, now
-        peer.delays.add(now, now - sent)
+        if silent_when_sent_s <= self._threshold_s:
+            # A round trip is a delay sample, unless the ping went to a member already silent
+            # past the threshold: the answer that ends a pause, a partition or a restart tells
+            # of that member's outage, not of delay here, and counting it would make this node
+            # slow to fail over the next lost primary for the whole delay window.
+            peer.delays.add(now, now - sent)
 
     async def _run(self) -> None:
         in_flight: dict[str, asyncio.Task[None]] = {}
