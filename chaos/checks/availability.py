@@ -69,6 +69,7 @@ class Recovery:
     at_t: float
     recover_s: float | None  # None: no write invoked after it was acknowledged
     ops: tuple[Op, ...]  # the nemesis event, then the call of the first acknowledged write
+    majority: bool = True  # a majority was connected right after the event
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,18 @@ class Availability:
 
     @property
     def unrecovered(self) -> int:
-        return sum(1 for recovery in self.recoveries if recovery.recover_s is None)
+        return sum(1 for recovery in self.recoveries
+                   if recovery.majority and recovery.recover_s is None)
+
+    @property
+    def without_majority(self) -> int:
+        """Fault starts that left no majority connected (their recovery is the heal's)."""
+        return sum(1 for recovery in self.recoveries if not recovery.majority)
 
     def _recovered(self) -> list[float]:
-        return sorted(r.recover_s for r in self.recoveries if r.recover_s is not None)
+        """The recoveries the cluster promises: after events that left a majority connected."""
+        return sorted(r.recover_s for r in self.recoveries
+                      if r.majority and r.recover_s is not None)
 
     def summary(self) -> str:
         """Two lines: the longest window, then the recoveries."""
@@ -106,9 +115,10 @@ class Availability:
         return (f"availability: longest window without an acknowledged write, majority "
                 f"connected: {window}; {self.acked_writes} acknowledged write calls in "
                 f"{self.run_s:.3f} s; majority cut {self.majority_cut_s:.3f} s\n"
-                f"recovery after {len(self.recoveries)} fault events: p50 "
-                f"{_seconds(self.recover_s_p50)}, max {_seconds(self.recover_s_max)}, "
-                f"unrecovered {self.unrecovered}")
+                f"recovery after {len(self.recoveries) - self.without_majority} fault events "
+                f"with a majority connected: p50 {_seconds(self.recover_s_p50)}, max "
+                f"{_seconds(self.recover_s_max)}, unrecovered {self.unrecovered} "
+                f"({self.without_majority} left no majority until their heal)")
 
 
 def measure_availability(history: Sequence[Op], *,
@@ -182,8 +192,17 @@ def _windows(periods: Sequence[tuple[float, float]], ack_ts: Sequence[float]) ->
     return found
 
 
+def _majority_after(connected: Sequence[tuple[float, bool]], t: float) -> bool:
+    """Whether a majority was connected right after `t` (the last `connected` event at or
+    before it, else since the start)."""
+    at = bisect.bisect_right([event_t for event_t, _ in connected], t)
+    return connected[at - 1][1] if at else True
+
+
 def _recoveries(history: Sequence[Op], acked: Sequence[Call],
                 instant_faults: frozenset[str]) -> tuple[Recovery, ...]:
+    connected = [(op.t, get_bool(op.value, "majority", True))
+                 for _pos, op in events(history, process=CLUSTER, f=CONNECTED)]
     by_invoke = sorted(acked, key=lambda call: call.invoke_pos)
     invoke_positions = [call.invoke_pos for call in by_invoke]
     first_done: list[Call | None] = [None] * (len(by_invoke) + 1)  # suffix: earliest to end
@@ -201,7 +220,8 @@ def _recoveries(history: Sequence[Op], acked: Sequence[Call],
         first = first_done[bisect.bisect_right(invoke_positions, pos)]
         recover_s = None if first is None else first.end_t - op.t
         found.append(Recovery(op.f, phase, op.t, recover_s,
-                              (op,) if first is None else (op, *first.ops)))
+                              (op,) if first is None else (op, *first.ops),
+                              _majority_after(connected, op.t)))
     return tuple(found)
 
 

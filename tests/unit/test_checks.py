@@ -538,6 +538,19 @@ def test_availability_windows_skip_majority_cuts_and_recovery_counts_writes_sent
     assert (_round(measured.recover_s_p50), _round(measured.recover_s_max)) == (1.0, 3.4)
 
 
+def test_recovery_figures_leave_out_faults_that_left_no_majority() -> None:
+    h = _outage_history()
+    measured = checks.measure_availability(h.ops, instant_faults=frozenset({"kill",
+                                                                            "partition"}))
+    assert [(r.fault, r.phase, r.majority, _round(r.recover_s))
+            for r in measured.recoveries] == [
+        ("kill", START, True, 3.4), ("partition", START, False, 2.5),
+        ("partition", STOP, True, 1.0)]
+    assert (_round(measured.recover_s_p50), _round(measured.recover_s_max)) == (1.0, 3.4)
+    assert measured.without_majority == 1
+    assert "1 left no majority" in measured.summary()
+
+
 def test_a_write_in_flight_at_a_kill_does_not_count_as_recovery() -> None:
     h = History()
     h.invoke("p1", PUBLISH, publish_value(stream=STREAM, msg_ids=["a"]), t=0.5)
