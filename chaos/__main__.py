@@ -1,8 +1,14 @@
 """`raftlog chaos` (`python -m raftlog.chaos`): `run` breaks a local cluster on purpose and
 checks that nothing acknowledged is lost; `toxiproxy` runs the bundled Toxiproxy server alone.
 
+`run --hosts` puts each node in its own network namespace with its own 10.x address on a
+bridge and makes partitions with iptables instead of Toxiproxy (root only; chaos/hosts.py,
+chaos/hosts_run.py). It refuses the nemeses it cannot make: latency, bandwidth, slicer and
+limit-data.
+
 Exit status of `run`: 0 when every check passed, 1 when one failed (the report says which, and
-the command that reproduces the run is printed), 2 for a usage error.
+the command that reproduces the run is printed) or the run did not finish, 2 for a usage error
+or when --hosts cannot run on this machine (the reason says what to run).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from raftlog.chaos.nemesis import NEMESES, parse_nemeses
+from raftlog.chaos.nemesis import HOSTS_REFUSED, NEMESES, parse_nemeses
 from raftlog.chaos.toxiproxy import __main__ as toxiproxy_main
 
 EXIT_FAILED = 1
@@ -45,24 +51,56 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dir", type=Path, default=None,
                      help="where the cluster, history and report go (default: a new temp dir)")
     run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.add_argument("--hosts", action="store_true",
+                     help="each node in its own network namespace with its own address, "
+                     "partitions by iptables (root only; no " + ", ".join(sorted(HOSTS_REFUSED))
+                     + ")")
     toxiproxy = commands.add_parser("toxiproxy", add_help=False,
                                     help="the bundled Toxiproxy server (its --help)")
     toxiproxy.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _hosts_refusal(args: argparse.Namespace) -> str | None:
+    """Why `run --hosts` cannot go ahead (None: it can)."""
+    from raftlog.chaos import hosts_run
+    from raftlog.chaos.hosts import ensure_hosts
+
+    refused = sorted(set(args.nemesis) & set(HOSTS_REFUSED))
+    if refused:
+        why = "; ".join(f"{name} ({HOSTS_REFUSED[name]})" for name in refused)
+        return (f"hosts mode refuses {why}. Leave out --hosts (the loopback mode, with "
+                "Toxiproxy) to run them")
+    if hosts_run.inside():
+        return None
+    reason = ensure_hosts()
+    return None if reason is None else f"cannot run on this machine: {reason}"
+
+
 def _run(args: argparse.Namespace) -> int:
+    from raftlog.chaos import hosts_run
     from raftlog.chaos.run import RunConfig, run_chaos  # the cluster machinery loads here
 
+    if args.hosts and (refusal := _hosts_refusal(args)) is not None:
+        print(f"raftlog chaos run --hosts: {refusal}", file=sys.stderr)
+        return EXIT_USAGE
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="raftlog-chaos-"))
     config = RunConfig(workdir=workdir, nodes=args.nodes, duration_s=args.duration,
-                       nemeses=tuple(args.nemesis), rate_per_s=args.rate, seed=seed)
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    result = run_chaos(config, progress=progress)
+                       nemeses=tuple(args.nemesis), rate_per_s=args.rate, seed=seed,
+                       hosts=args.hosts)
+    if args.hosts and not hosts_run.inside():
+        try:
+            status = hosts_run.run_outside(config, json_out=args.json, progress=_progress)
+        except TimeoutError as exc:
+            print(f"raftlog chaos run --hosts: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        return status if status in (0, EXIT_FAILED, EXIT_USAGE) else EXIT_FAILED
+    result = run_chaos(config, progress=_progress)
     if args.json:
         import json
 

@@ -56,18 +56,23 @@ class LocalCluster:
     def __init__(self, root: Path, *, nodes: int = 3, secret_file: Path | None = None,
                  prepare: Callable[[list[NodeSpec]], None] | None = None,
                  node_args: Callable[[NodeSpec], Sequence[str]] | None = None,
-                 spares: int = 0) -> None:
+                 spares: int = 0, host_of: Callable[[int], str] | None = None,
+                 command_prefix: Callable[[NodeSpec], Sequence[str]] | None = None) -> None:
         """`prepare(specs)` runs once the nodes' addresses are chosen, before any starts (the
         chaos harness makes its proxies there); `node_args(spec)` are extra `raftlog node`
         flags for that node, on every start. `spares` more nodes are planned (indexes after
         the members, peers the members) but not started: `start(i)` starts one, waiting to
-        be joined (JoinNode)."""
+        be joined (JoinNode). `host_of(i)` is node i's address (default loopback) and
+        `command_prefix(spec)` goes before its command (the chaos harness's hosts mode:
+        `ip netns exec NS`)."""
         self.root = root
         self.size = nodes
         self.spares = spares
         self.secret_file = secret_file
         self._prepare = prepare
         self._node_args = node_args
+        self._host_of = host_of
+        self._command_prefix = command_prefix
         self.specs: dict[int, NodeSpec] = {}  # the members the cluster started with
         self.spare_specs: dict[int, NodeSpec] = {}
         self.nodes: dict[int, LocalNode] = {}  # every node started, by index
@@ -104,7 +109,8 @@ class LocalCluster:
                 self._prepare([*members, *spares])
             try:
                 started = localcluster.start_specs(
-                    members, secret_file=self.secret_file, extra_args=self._node_args)
+                    members, secret_file=self.secret_file, extra_args=self._node_args,
+                    prefix=self._command_prefix)
             except LocalClusterError as exc:
                 if exc.reason is Refusal.PORT_IN_USE:  # taken since the probe: try another
                     continue
@@ -120,8 +126,10 @@ class LocalCluster:
     def _plan(self, base_port: int) -> tuple[list[NodeSpec], list[NodeSpec]]:
         """The members (each one's peers the other members) and the spares (peers: the
         members)."""
-        planned = localcluster.plan(nodes=self.size + self.spares, base_port=base_port,
-                                    data_dir=self.root)
+        count = self.size + self.spares
+        hosts = None if self._host_of is None else [self._host_of(i) for i in range(1, count + 1)]
+        planned = localcluster.plan(nodes=count, base_port=base_port, data_dir=self.root,
+                                    hosts=hosts)
         members, spares = planned[:self.size], planned[self.size:]
         raft = [spec.raft_address for spec in members]
         return ([dataclasses.replace(spec, peers=tuple(a for a in raft if a != spec.raft_address))
@@ -138,6 +146,7 @@ class LocalCluster:
         node = localcluster.start_node(
             spec, secret_file=self.secret_file, python=self._python(i),
             extra_args=self._node_args(spec) if self._node_args else (),
+            prefix=self._prefix(spec),
         )
         self.nodes[i] = node
         self.running.add(i)
@@ -173,8 +182,14 @@ class LocalCluster:
         if records:
             localcluster.stop(records, timeout_s=stop_timeout_s)
 
+    def _prefix(self, spec: NodeSpec) -> list[str]:
+        return list(self._command_prefix(spec)) if self._command_prefix else []
+
     def _python(self, i: int) -> str:
-        return self.nodes[i].command[0] if i in self.nodes else sys.executable
+        """The python node i ran last (its command after the prefix)."""
+        if i not in self.nodes:
+            return sys.executable
+        return self.nodes[i].command[len(self._prefix(self.nodes[i].spec))]
 
     def __enter__(self) -> LocalCluster:
         return self

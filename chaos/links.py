@@ -11,6 +11,9 @@ Faults are toxics on proxies (toxiproxy-python): a cut is a `timeout` toxic (dat
 connection closes after `cut_close_ms`, and every new one is cut the same way until the toxic
 goes), one-way on one direction of the pair's proxies; slow links are `latency`, `bandwidth`,
 `slicer`, `reset_peer`, `limit_data`. `heal()` removes every toxic.
+
+`Net` is what the nemeses need of a network; ProxyNet is one, chaos/hosts.py's HostNet (each
+node in its own network namespace, faults by packet filter) the other.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import enum
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from toxiproxy import Toxiproxy  # type: ignore[import-untyped]
 from toxiproxy.api import APIConsumer  # type: ignore[import-untyped]
@@ -48,6 +51,29 @@ class Link:
     def name(self) -> str:
         source = "client" if self.source == 0 else f"n{self.source}"
         return f"{source}-n{self.target}-{self.kind.value}"
+
+
+class Net(Protocol):
+    """The faults a chaos run makes on its network; nodes are numbered from 1, 0 is the
+    client. A net that cannot make a fault raises (HostNet: hosts.HostModeUnsupported)."""
+
+    def cut(self, a: int, b: int, *, one_way: bool = False) -> None:
+        """Nothing passes between a and b (`one_way`: nothing from a reaches b)."""
+        ...
+
+    def partition(self, groups: Sequence[Iterable[int]], *, one_way: bool = False) -> None:
+        """Cuts every pair of nodes that are in different groups."""
+        ...
+
+    def isolate_client(self, i: int) -> None: ...
+
+    def slow(self, links: Iterable[Link], *, latency_ms: int = 0, jitter_ms: int = 0,
+             rate_kbps: int = 0, reset_after_ms: int | None = None,
+             slice_bytes: int = 0, limit_bytes: int = 0, toxicity: float = 1.0) -> None: ...
+
+    def heal(self) -> None:
+        """Undoes every fault this net made."""
+        ...
 
 
 def _address(spec: NodeSpec, kind: LinkKind) -> str:

@@ -2,7 +2,8 @@
 and timed by a seeded `Schedule`.
 
 A fault acts on a `Target`: the cluster's processes (kill -9, SIGSTOP, restarts), its links
-(partitions and slow links through Toxiproxy, links.py) and the machine (busy processes). It
+(partitions and slow links through Toxiproxy, links.py, or partitions by packet filter
+between network namespaces in hosts mode, hosts.py) and the machine (busy processes). It
 names its victims when it starts (the stream's primary, the Raft leader, random nodes), so the
 history says what was broken and when; `majority_connected` says whether a majority of the
 nodes can still talk while it lasts (the availability check holds the cluster to its promise
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from raftlog.chaos.links import Link, LinkKind, ProxyNet
+from raftlog.chaos.links import Link, LinkKind, Net
 from raftlog.chaos.powerfs import PowerFs
 
 flap_period_s = (1.0, 2.0)  # a flapping partition changes this often (uniform in the range)
@@ -44,7 +45,7 @@ class Target(Protocol):
     rng: random.Random
 
     @property
-    def net(self) -> ProxyNet: ...
+    def net(self) -> Net: ...
 
     def node_indexes(self) -> list[int]: ...
 
@@ -427,6 +428,15 @@ POWER_NEMESES = frozenset({"power-loss-all", "power-loss-node", "power-loss-prim
                            "power-loss-writeback", "disk-full", "disk-errors"})
 # The nemeses that need a spare node beside the members.
 SPARE_NEMESES = frozenset({"join-leave"})
+# The nemeses hosts mode (`--hosts`, hosts.py) refuses, and why.
+_NO_NETEM = "needs a proxy or netem between the nodes, and hosts mode has neither"
+HOSTS_REFUSED = {
+    "latency": _NO_NETEM,
+    "slicer": _NO_NETEM,
+    "limit-data": _NO_NETEM,
+    "bandwidth": "tc tbf can only cap everything a node sends, not its links to the other "
+                 "nodes alone",
+}
 
 
 def parse_nemeses(text: str) -> list[str]:

@@ -3,6 +3,10 @@ through random nodes with msg_ids and retries, unary and batched; a consumer tha
 acks; a prober publishing every 50 ms; a reader), a seeded schedule of faults, then heal,
 convergence, and the checkers over the whole history (`run_chaos`, `raftlog chaos run`).
 
+In hosts mode (`config.hosts`, `raftlog chaos run --hosts`) there is no Toxiproxy: every node
+runs in its own network namespace on its own address, this process runs in the run's client
+namespace (chaos/hosts_run.py puts it there), and the nemeses' network is hosts.HostNet.
+
 Everything is bounded in time and cleaned up: the nodes and the Toxiproxy server this run
 started are stopped by pid, whatever happens.
 """
@@ -30,7 +34,9 @@ from raftlog.chaos import workload as wl
 from raftlog.chaos.checks.verdict import Verdict, check_all
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.events import HistoryWriter
-from raftlog.chaos.links import ProxyNet
+from raftlog.chaos.hosts import HostNet
+from raftlog.chaos.hosts_run import attached_net
+from raftlog.chaos.links import Net, ProxyNet
 from raftlog.chaos.nemesis import NEMESES, POWER_NEMESES, SPARE_NEMESES, Schedule
 from raftlog.chaos.nodeproc import free_port
 from raftlog.chaos.powerfs import PowerFs
@@ -67,6 +73,7 @@ class RunConfig:
     seed: int = 0
     fault_s: tuple[float, float] = (4.0, 8.0)
     quiet_s: tuple[float, float] = (3.0, 6.0)
+    hosts: bool = False  # each node in its own network namespace (chaos/hosts.py)
 
     @property
     def replicas(self) -> int:
@@ -99,7 +106,8 @@ class RunResult:
     def replay_command(self) -> str:
         c = self.config
         return (f"raftlog chaos run --nodes {c.nodes} --duration {c.duration_s:g} --nemesis "
-                f"{','.join(c.nemeses) or 'none'} --rate {c.rate_per_s:g} --seed {c.seed}")
+                f"{','.join(c.nemeses) or 'none'} --rate {c.rate_per_s:g} --seed {c.seed}"
+                + (" --hosts" if c.hosts else ""))
 
     def to_dict(self) -> dict[str, Any]:
         config = asdict(self.config)
@@ -111,22 +119,30 @@ class RunResult:
 
 
 class ChaosCluster:
-    """The cluster under test, as nemeses see it (nemesis.Target)."""
+    """The cluster under test, as nemeses see it (nemesis.Target): behind Toxiproxy, or with
+    `host_net` each node in its own network namespace (hosts mode)."""
 
-    def __init__(self, config: RunConfig, toxiproxy: ToxiproxyProcess) -> None:
+    def __init__(self, config: RunConfig, toxiproxy: ToxiproxyProcess | None, *,
+                 host_net: HostNet | None = None) -> None:
+        if (toxiproxy is None) == (host_net is None):
+            raise ValueError("a chaos cluster needs a Toxiproxy server or a HostNet (one)")
         self.rng = random.Random(f"{config.seed}:nemesis")
         self._config = config
         self._toxiproxy = toxiproxy
-        self._net: ProxyNet | None = None
+        self._host_net = host_net
+        self._proxies: ProxyNet | None = None
         self.disks: dict[int, PowerFs] = {}
-        self.cluster = LocalCluster(config.workdir / "cluster", nodes=config.nodes,
-                                    prepare=self._prepare, node_args=self._node_args,
-                                    spares=config.spares)
+        self.cluster = LocalCluster(
+            config.workdir / "cluster", nodes=config.nodes, prepare=self._prepare,
+            node_args=self._node_args, spares=config.spares,
+            host_of=host_net.address if host_net else None,
+            command_prefix=self._command_prefix if host_net else None)
         self._ack_hooks: list[Callable[[], None]] = []
 
     def _prepare(self, specs: list[NodeSpec]) -> None:
-        self._net = ProxyNet(specs, api_host=self._toxiproxy.host,
-                             api_port=self._toxiproxy.port).create()
+        if self._toxiproxy is not None:
+            self._proxies = ProxyNet(specs, api_host=self._toxiproxy.host,
+                                     api_port=self._toxiproxy.port).create()
         if self._config.power:
             self.unmount()
             for spec in specs:
@@ -153,13 +169,27 @@ class ChaosCluster:
             await asyncio.to_thread(self.cluster.start, i)
 
     def _node_args(self, spec: NodeSpec) -> list[str]:
-        return self.net.dial_args(spec)
+        return self._proxies.dial_args(spec) if self._proxies is not None else []
+
+    def _command_prefix(self, spec: NodeSpec) -> list[str]:
+        """Hosts mode: node i runs in its own namespace."""
+        return self._host_net.exec_prefix(spec.index) if self._host_net is not None else []
 
     @property
-    def net(self) -> ProxyNet:
-        if self._net is None:
+    def net(self) -> Net:
+        if self._host_net is not None:
+            return self._host_net
+        if self._proxies is None:
             raise RuntimeError("the cluster's proxies are made when it starts")
-        return self._net
+        return self._proxies
+
+    def _client_address(self, i: int) -> str:
+        """Where clients call node i: its client proxy, or in hosts mode the node itself."""
+        if self._host_net is not None:
+            return self.cluster.specs[i].grpc_address
+        if self._proxies is None:
+            raise RuntimeError("the cluster's proxies are made when it starts")
+        return self._proxies.client_address(i)
 
     def node_indexes(self) -> list[int]:
         return sorted(self.cluster.specs)
@@ -168,17 +198,17 @@ class ChaosCluster:
         return sorted(self.cluster.running)
 
     def addresses(self) -> list[str]:
-        """Where clients call: each node's client proxy."""
-        return [self.net.client_address(i) for i in self.node_indexes()]
+        """Where clients call: each node's client proxy (hosts mode: each node)."""
+        return [self._client_address(i) for i in self.node_indexes()]
 
     def node_of(self) -> dict[str, str]:
-        return {self.net.client_address(i): f"n{i}" for i in self.node_indexes()}
+        return {self._client_address(i): f"n{i}" for i in self.node_indexes()}
 
     def peer_access(self) -> wl.PeerAccess:
         access = self.cluster.peer_access()
         peer_of = dict(access.peer_of)
         for i, spec in self.cluster.specs.items():
-            peer_of[self.net.client_address(i)] = spec.peer_address
+            peer_of[self._client_address(i)] = spec.peer_address
         return wl.PeerAccess(credential=access.credential, peer_of=peer_of)
 
     async def primary(self) -> int:
@@ -415,20 +445,27 @@ async def _heal(target: ChaosCluster) -> None:
 
 
 def run_chaos(config: RunConfig, *, progress: Callable[[str], None] = print) -> RunResult:
-    """Runs the whole thing; the report lands in workdir/report.json."""
+    """Runs the whole thing; the report lands in workdir/report.json. With `config.hosts` this
+    process must be the inside run of `raftlog chaos run --hosts` (hosts_run.attached_net)."""
     config.workdir.mkdir(parents=True, exist_ok=True)
     begun = time.monotonic()
-    toxiproxy = start_toxiproxy("127.0.0.1", free_port())
-    target = ChaosCluster(config, toxiproxy)
+    host_net = attached_net(config) if config.hosts else None
+    toxiproxy = None if host_net else start_toxiproxy("127.0.0.1", free_port())
+    target = ChaosCluster(config, toxiproxy, host_net=host_net)
     try:
-        progress(f"toxiproxy at {toxiproxy.url} ({'bundled' if toxiproxy.bundled else 'binary'});"
-                 f" starting {config.nodes} nodes")
+        if host_net is not None:
+            progress(f"hosts mode, in {host_net.client_ns}: starting {config.nodes} nodes")
+        elif toxiproxy is not None:
+            progress(f"toxiproxy at {toxiproxy.url} "
+                     f"({'bundled' if toxiproxy.bundled else 'binary'}); "
+                     f"starting {config.nodes} nodes")
         target.cluster.start_all()
         result = asyncio.run(_workload(config, target, progress))
     finally:
         target.cluster.stop_all()
         target.unmount()
-        toxiproxy.stop()
+        if toxiproxy is not None:
+            toxiproxy.stop()
     result.elapsed_s = time.monotonic() - begun
     (config.workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result

@@ -181,6 +181,8 @@ def check_can_start(specs: Iterable[NodeSpec]) -> None:
                         f"({spec.pid_path}); stop it with `raftlog cluster down --data "
                         f"{spec.root}`",
                     )
+        if spec.host != host:
+            continue  # its own address in its own network namespace: nothing else binds there
         for port in (spec.grpc_port, spec.raft_port, spec.peer_port):
             if port_in_use(port):
                 raise LocalClusterError(
@@ -190,14 +192,16 @@ def check_can_start(specs: Iterable[NodeSpec]) -> None:
 
 
 def start_node(spec: NodeSpec, *, secret_file: Path | None, python: str,
-               extra_args: Sequence[str] = ()) -> LocalNode:
+               extra_args: Sequence[str] = (), prefix: Sequence[str] = ()) -> LocalNode:
     """Starts one node detached (own session, stdin /dev/null, output appended to its log)
     and records it in its pid file. Does not wait for it to serve. `extra_args` go after the
-    node's own flags (e.g. the chaos harness's `--dial`s)."""
+    node's own flags (e.g. the chaos harness's `--dial`s); `prefix` before its python (e.g.
+    `ip netns exec NS`, see `node_command`)."""
     check_can_start([spec])
     spec.data_dir.mkdir(parents=True, exist_ok=True)
     secret_file = ensure_secret(spec.root, secret_file)
-    command = [*node_command(spec, secret_file=secret_file, python=python), *extra_args]
+    command = [*node_command(spec, secret_file=secret_file, python=python, prefix=prefix),
+               *extra_args]
     with spec.log_path.open("ab") as log:
         process = subprocess.Popen(
             command,
@@ -233,16 +237,18 @@ def start_specs(
     secret_file: Path | None,
     python: str = sys.executable,
     extra_args: Callable[[NodeSpec], Sequence[str]] | None = None,
+    prefix: Callable[[NodeSpec], Sequence[str]] | None = None,
 ) -> list[LocalNode]:
     """`up` for nodes already planned (e.g. some of a plan's nodes, the others kept aside to
-    join later)."""
+    join later). `prefix(spec)` goes before that node's python (see `node_command`)."""
     specs[0].root.mkdir(parents=True, exist_ok=True)
     check_can_start(specs)
     started: list[LocalNode] = []
     try:
         for spec in specs:
             started.append(start_node(spec, secret_file=secret_file, python=python,
-                                      extra_args=extra_args(spec) if extra_args else ()))
+                                      extra_args=extra_args(spec) if extra_args else (),
+                                      prefix=prefix(spec) if prefix else ()))
     except BaseException:
         stop([node.record() for node in started], timeout_s=stop_timeout_s_default)
         raise

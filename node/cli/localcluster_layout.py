@@ -8,13 +8,15 @@ The layout of the cluster directory (node i, 1-based):
     DIR/cluster.secret   the cluster secret (mode 0600), made by `up` unless one is given
 
 and the ports: node i serves gRPC on `base_port + 3*(i-1)`, Raft on the port after it and its
-peer listener on the one after that, all on 127.0.0.1; `--peers` names the other nodes' Raft
-addresses.
+peer listener on the one after that, all on 127.0.0.1 (or on the node's own `host`, when the
+chaos harness puts each node in its own network namespace); `--peers` names the other nodes'
+Raft addresses.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,8 @@ from raftlog.node.transport.credentials import (
     read_secret_file,
 )
 
-host = "127.0.0.1"
+LOOPBACK_HOST = "127.0.0.1"
+host = LOOPBACK_HOST  # where a node listens unless its NodeSpec names another host
 nodes_max = 32
 ports_per_node = 3  # gRPC, Raft, peer listener
 
@@ -58,6 +61,7 @@ class NodeSpec:
     root: Path  # the cluster directory, absolute
     base_port: int
     peers: tuple[str, ...]  # Raft addresses of the other nodes
+    host: str = LOOPBACK_HOST  # the address it binds (the chaos harness's hosts mode: its own)
 
     @property
     def node_id(self) -> str:
@@ -77,7 +81,7 @@ class NodeSpec:
 
     @property
     def peer_address(self) -> str:
-        return f"{host}:{self.peer_port}"
+        return f"{self.host}:{self.peer_port}"
 
     @property
     def secret_path(self) -> Path:
@@ -85,11 +89,11 @@ class NodeSpec:
 
     @property
     def grpc_address(self) -> str:
-        return f"{host}:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def raft_address(self) -> str:
-        return f"{host}:{self.raft_port}"
+        return f"{self.host}:{self.raft_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -104,7 +108,9 @@ class NodeSpec:
         return self.root / f"{self.node_id}.pid"
 
 
-def plan(*, nodes: int, base_port: int, data_dir: Path) -> list[NodeSpec]:
+def plan(*, nodes: int, base_port: int, data_dir: Path,
+         hosts: Sequence[str] | None = None) -> list[NodeSpec]:
+    """`hosts`: node i's address is hosts[i - 1] (default: every node on loopback)."""
     if not 1 <= nodes <= nodes_max:
         raise LocalClusterError(
             Refusal.INVALID_ARGUMENT, f"--nodes must be 1..{nodes_max}, not {nodes}"
@@ -116,17 +122,24 @@ def plan(*, nodes: int, base_port: int, data_dir: Path) -> list[NodeSpec]:
             f"ports {base_port}..{top_port} are outside 1024..65535 "
             f"({nodes} nodes take {ports_per_node * nodes} ports from --base-port)",
         )
+    hosts = list(hosts) if hosts is not None else [host] * nodes
+    if len(hosts) != nodes:
+        raise LocalClusterError(
+            Refusal.INVALID_ARGUMENT, f"{len(hosts)} hosts for {nodes} nodes")
     root = data_dir.resolve()
-    raft = [f"{host}:{base_port + ports_per_node * i + 1}" for i in range(nodes)]
+    raft = [f"{hosts[i]}:{base_port + ports_per_node * i + 1}" for i in range(nodes)]
     return [
-        NodeSpec(index=i, root=root, base_port=base_port, peers=(*raft[: i - 1], *raft[i:]))
+        NodeSpec(index=i, root=root, base_port=base_port, peers=(*raft[: i - 1], *raft[i:]),
+                 host=hosts[i - 1])
         for i in range(1, nodes + 1)
     ]
 
 
-def node_command(spec: NodeSpec, *, secret_file: Path | None, python: str) -> list[str]:
-    """`secret_file` None: the cluster directory's own (see `ensure_secret`)."""
-    command = [python, "-m", "raftlog.node.cli", "node", "--data", str(spec.data_dir)]
+def node_command(spec: NodeSpec, *, secret_file: Path | None, python: str,
+                 prefix: Sequence[str] = ()) -> list[str]:
+    """`secret_file` None: the cluster directory's own (see `ensure_secret`). `prefix` goes
+    before the python (e.g. `ip netns exec NS`, which execs it: the pid stays the node's)."""
+    command = [*prefix, python, "-m", "raftlog.node.cli", "node", "--data", str(spec.data_dir)]
     command += ["--grpc", spec.grpc_address, "--raft", spec.raft_address]
     command += ["--peer", spec.peer_address, "--node-id", spec.node_id]
     if spec.peers:
