@@ -41,6 +41,7 @@ from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.ops import operations
 from raftlog.node.replication.links import GrpcLinkTransport
 from raftlog.node.replication.primary import ReplicationManager
+from raftlog.node.replication.replica import ROLE_PRIMARY
 from raftlog.node.replication.service import ReplicationService
 from raftlog.node.transport.channels import STREAM_RELAY_OPTIONS, ChannelPool
 from raftlog.node.transport.credentials import Credential
@@ -107,10 +108,14 @@ class Node:
         if self.group is not None:
             self.cluster = self._cluster(self.group)
 
-    def _leading_epoch(self, name: str) -> int:
-        """The fence epoch this node leads a stream at (consumer acks carry it)."""
+    def _leading_epoch(self, name: str) -> int | None:
+        """The fence epoch this node leads a stream at (consumer acks carry it); None when it
+        is not the stream's primary, or was deposed (its record may already hold the next
+        primary's epoch, learned from a replica or a batch)."""
         stream = self.engine.streams.get(name)
-        return stream.record.epoch if stream is not None else 0
+        if stream is None or stream.role != ROLE_PRIMARY or stream.deposed is not None:
+            return None
+        return stream.record.epoch
 
     def _join_raft(self) -> RaftGroup:
         return RaftGroup(

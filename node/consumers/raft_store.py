@@ -113,10 +113,12 @@ class RaftConsumerStore:
                  propose_timeout_s: float | None = None,
                  pending_saves_max: int | None = None,
                  redeliveries_on_load_max: int | None = None,
-                 epoch_of: Callable[[str], int] | None = None) -> None:
-        """`epoch_of(stream)` is the fence epoch this node leads the stream at; saves carry it
-        so that the cluster refuses acks taken by a primary that was replaced meanwhile. The
-        other options default to the `consumer_*` limits (base/limits.py), read here."""
+                 epoch_of: Callable[[str], int | None] | None = None) -> None:
+        """`epoch_of(stream)` is the fence epoch this node leads the stream at, None when it
+        does not lead it (any more); saves carry it so that the cluster refuses acks taken by
+        a primary that was replaced meanwhile, and a node that does not lead refuses them
+        itself. The other options default to the `consumer_*` limits (base/limits.py), read
+        here."""
         self._epoch_of = epoch_of
         self._group = group
         self._clock = clock
@@ -162,7 +164,15 @@ class RaftConsumerStore:
                                stream=stream)
         save = PendingSave.from_record(stream, record)
         if self._epoch_of is not None:
-            save.fence_epoch = self._epoch_of(stream)
+            epoch = self._epoch_of(stream)
+            if epoch is None:
+                # Deposed (or a replica now): the epoch number it knows may be its successor's,
+                # and a save under it would pass the state machine's fence while the new
+                # primary, which loaded the consumers when it took over, never sees it.
+                raise RaftlogError(Reason.NOT_PRIMARY, f"this node no longer leads {stream!r}: "
+                                   f"consumer {save.consumer}'s state was not saved",
+                                   stream=stream, consumer=save.consumer)
+            save.fence_epoch = epoch
         if not self._drop_committed(save):
             return  # the committed state already holds all of it
         if self._waiting >= self._pending_saves_max:

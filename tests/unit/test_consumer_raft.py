@@ -229,6 +229,20 @@ async def test_a_skipped_update_fails_only_that_consumers_save() -> None:
 
 
 @run_async
+async def test_a_node_that_no_longer_leads_the_stream_saves_nothing() -> None:
+    """A deposed primary may already know its successor's epoch (a replica told it): its
+    acks must fail rather than pass the fence under that epoch, unseen by the successor."""
+    leading: dict[str, int | None] = {STREAM: 1}
+    env = await setup("c", epoch_of=leading.get)
+    await env.store.save(STREAM, record("c", floor=2))
+    assert env.group.state_updates()[-1].updates[0].fence_epoch == 1
+    leading[STREAM] = None
+    error = await raises(Reason.NOT_PRIMARY, env.store.save(STREAM, record("c", floor=5)))
+    assert "no longer leads" in error.message
+    assert env.assignment("c").ack_floor == 2
+
+
+@run_async
 async def test_oversize_batches_split_under_command_bytes_max() -> None:
     names = [f"c{i}" for i in range(6)]
     env = await setup(*names, "big")
