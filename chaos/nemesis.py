@@ -485,7 +485,9 @@ class Schedule:
             length = self.rng.uniform(*self.fault_s)
             if clock() + length >= duration_s:
                 break
-            fault = NEMESES[self.rng.choice(list(self.names))]()
+            name = self.rng.choice(list(self.names))
+            fault = NEMESES[name]()
+            fault.name = name  # histories and reports use the names the command line takes
             begun = clock()
             started = await fault.start(target)
             on_event(fault.name, "start", started.targets, started.majority_connected, clock())
