@@ -48,6 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+from raftlog.chaos.apt import apt_install
 from raftlog.chaos.links import Link
 
 NS_PREFIX = "rlc-"  # every namespace this harness makes starts with it
@@ -63,7 +64,6 @@ ip_timeout_s = 10.0
 iptables_timeout_s = 10.0
 iptables_lock_wait_s = 5  # iptables -w: how long to wait for the xtables lock
 tc_timeout_s = 10.0
-apt_timeout_s = 300.0
 tbf_burst_bytes = 16 * 1024
 tbf_queue_ms = 400  # tbf `latency`: how long a packet may wait before it is dropped
 IPTABLES_CANDIDATES = ("iptables", "iptables-legacy", "iptables-nft")
@@ -187,27 +187,9 @@ class _Probe:
     iptables: str | None
 
 
-def _apt(*args: str) -> bool:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        result = subprocess.run(["apt-get", *args], env=env, capture_output=True, check=False,
-                                stdin=subprocess.DEVNULL, timeout=apt_timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0
-
-
 def _install_iptables() -> str | None:
     """Installs iptables as root; returns None on success, else why not."""
-    if shutil.which("apt-get") is None:
-        return "iptables is missing and there is no apt-get: install the iptables package"
-    if not _apt("install", "-y", "iptables"):
-        _apt("update")
-        if not _apt("install", "-y", "iptables"):
-            return "iptables is missing and `apt-get install -y iptables` failed"
-    if not any(shutil.which(name) for name in IPTABLES_CANDIDATES):
-        return "`apt-get install -y iptables` ran but iptables is still not on PATH"
-    return None
+    return apt_install("iptables", commands=IPTABLES_CANDIDATES)
 
 
 def _probe_namespace(name: str) -> _Probe:

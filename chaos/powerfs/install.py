@@ -11,34 +11,17 @@ import shutil
 import subprocess
 import sys
 
+from raftlog.chaos.apt import apt_install
+
 FUSE_DEVICE = "/dev/fuse"
-apt_timeout_s = 300.0
 probe_timeout_s = 30.0
 # mfusepy prefers libfuse 2 when both are installed; powerfs is written against libfuse 3.
 LIBFUSE_ENV = {"FUSE_LIBRARY_NAME": "fuse3"}
 
 
-def _apt(*args: str) -> bool:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        result = subprocess.run(["apt-get", *args], env=env, capture_output=True, check=False,
-                                timeout=apt_timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0
-
-
 def _install_fuse3() -> str | None:
     """Installs fuse3 as root; returns None on success, else why not."""
-    if shutil.which("apt-get") is None:
-        return "fusermount3 is missing and there is no apt-get: install the fuse3 package"
-    if not _apt("install", "-y", "fuse3"):
-        _apt("update")
-        if not _apt("install", "-y", "fuse3"):
-            return "fusermount3 is missing and `apt-get install -y fuse3` failed"
-    if shutil.which("fusermount3") is None:
-        return "`apt-get install -y fuse3` ran but fusermount3 is still not on PATH"
-    return None
+    return apt_install("fuse3", commands=("fusermount3",))
 
 
 @functools.cache
