@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -36,7 +37,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(unsynced writes lost)")
     parser.add_argument("--strict", action="store_true", help="known product issues "
                         "(checks.KNOWN_ISSUES) fail a schedule too")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: one per CPU)")
     parser.add_argument("--stop-on-failure", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="print failures and the summary "
                         "only")
