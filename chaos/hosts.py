@@ -44,6 +44,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -275,6 +276,7 @@ class HostNet:
         self.subnet = ipaddress.IPv4Network(f"10.{second}.{digest[1]}.0/24")
         self._drops: set[tuple[int, int]] = set()  # (receiver, sender)
         self._shaped: set[int] = set()  # members with a tbf on their eth0
+        self._lock = threading.Lock()  # faults are made and healed from worker threads
 
     # -- names and addresses ----------------------------------------------------------------
 
@@ -372,9 +374,10 @@ class HostNet:
 
     def _drop(self, receiver: int, sender: int) -> None:
         """Member `receiver` drops every packet from `sender` (once, however often asked)."""
-        if (receiver, sender) not in self._drops:
-            self._iptables(receiver, "-A", sender)
-            self._drops.add((receiver, sender))
+        with self._lock:
+            if (receiver, sender) not in self._drops:
+                self._iptables(receiver, "-A", sender)
+                self._drops.add((receiver, sender))
 
     def cut(self, a: int, b: int, *, one_way: bool = False) -> None:
         """Nothing passes between a and b (`one_way`: nothing from a reaches b; b's packets
@@ -430,6 +433,10 @@ class HostNet:
 
     def heal(self) -> None:
         """Removes every rule and bandwidth cap this net added."""
+        with self._lock:
+            self._heal()
+
+    def _heal(self) -> None:
         for receiver, sender in sorted(self._drops):
             self._iptables(receiver, "-D", sender)
             self._drops.discard((receiver, sender))

@@ -18,14 +18,17 @@ node in its own network namespace, faults by packet filter) the other.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from toxiproxy import Toxiproxy  # type: ignore[import-untyped]
 from toxiproxy.api import APIConsumer  # type: ignore[import-untyped]
+from toxiproxy.exceptions import NotFound  # type: ignore[import-untyped]
 
 from raftlog.node.cli.localcluster import NodeSpec
 
@@ -91,6 +94,7 @@ class ProxyNet:
         self.specs = {spec.index: spec for spec in specs}
         self.listen: dict[Link, str] = {}
         self._toxics: dict[str, set[str]] = {}  # proxy name -> toxic names added
+        self._lock = threading.Lock()  # faults are made and healed from worker threads
         self._serial = itertools.count(1)
 
     def create(self) -> ProxyNet:
@@ -125,10 +129,11 @@ class ProxyNet:
         proxy = self._server.get_proxy(link.name)
         if proxy is None:
             raise KeyError(f"no proxy {link.name}")
-        name = f"{TOXIC_PREFIX}{toxic_type}_{stream}_{next(self._serial)}"
-        proxy.add_toxic(name=name, type=toxic_type, stream=stream, toxicity=toxicity,
-                        attributes=attributes)
-        self._toxics.setdefault(link.name, set()).add(name)
+        with self._lock:
+            name = f"{TOXIC_PREFIX}{toxic_type}_{stream}_{next(self._serial)}"
+            proxy.add_toxic(name=name, type=toxic_type, stream=stream, toxicity=toxicity,
+                            attributes=attributes)
+            self._toxics.setdefault(link.name, set()).add(name)
 
     def node_links(self, a: int, b: int, kinds: Iterable[LinkKind] = tuple(LinkKind)
                    ) -> list[Link]:
@@ -189,14 +194,18 @@ class ProxyNet:
                           timeout=reset_after_ms)
 
     def heal(self) -> None:
-        """Removes every toxic this net added."""
-        for proxy_name, names in list(self._toxics.items()):
-            proxy = self._server.get_proxy(proxy_name)
-            for name in names:
-                if proxy is not None:
-                    proxy.destroy_toxic(name)
-        self._toxics.clear()
+        """Removes every toxic this net added (one already gone counts as removed)."""
+        with self._lock:
+            for proxy_name, names in list(self._toxics.items()):
+                proxy = self._server.get_proxy(proxy_name)
+                for name in sorted(names):
+                    if proxy is not None:
+                        with contextlib.suppress(NotFound):
+                            proxy.destroy_toxic(name)
+                    names.discard(name)
+                del self._toxics[proxy_name]
 
     def destroy(self) -> None:
-        self._toxics.clear()
-        self._server.destroy_all()
+        with self._lock:
+            self._toxics.clear()
+            self._server.destroy_all()

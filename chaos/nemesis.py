@@ -256,6 +256,7 @@ class Partition:
     flapping: bool = False
     name: str = ""
     _flapper: asyncio.Task[None] | None = None
+    _calm: asyncio.Event = field(default_factory=asyncio.Event)  # set: the flapping stops
 
     def __post_init__(self) -> None:
         self.name = self.name or ("flapping-" if self.flapping else "") + f"partition-{self.kind}"
@@ -286,9 +287,13 @@ class Partition:
         return Started(victims)
 
     async def _flap(self, target: Target) -> None:
+        """Cuts and heals until `_calm` is set. It is never cancelled: a cancelled await of a
+        net change in a worker thread would leave that change running beside stop's heal."""
         cut = True
-        while True:
-            await asyncio.sleep(target.rng.uniform(*flap_period_s))
+        while not self._calm.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._calm.wait(), target.rng.uniform(*flap_period_s))
+                return
             if cut:
                 await asyncio.to_thread(target.net.heal)
             else:
@@ -297,9 +302,8 @@ class Partition:
 
     async def stop(self, target: Target) -> None:
         if self._flapper is not None:
-            self._flapper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flapper
+            self._calm.set()
+            await self._flapper
             self._flapper = None
         await asyncio.to_thread(target.net.heal)
 
