@@ -199,12 +199,16 @@ class ReplicaProgress:
     removed_sent: int = 0  # removals sent to it
     reseed: bool = False
     told_commit: int = 0  # the commit seq the replica was last told
+    # The replica acknowledged this stream at this epoch on the link's current call: only
+    # then do the link's acks (heartbeats included) count toward this stream's read lease.
+    confirmed: bool = False
 
     def reset(self) -> None:
         """Forget what is in flight; ask the replica where it is."""
         self.inflight.clear()
         self.next_seq = None
         self.removed_sent = self.removed_cursor
+        self.confirmed = False
 
 
 class StreamReplicator:
@@ -260,9 +264,14 @@ class StreamReplicator:
     # --- lease and commit
 
     def lease_remaining_s(self, *, writes: bool = False) -> float:
+        """For reads, a replica counts only once it acknowledged this stream on its link's
+        current call: a link that comes back after a partition carries heartbeats that any
+        node answers, also one that follows a newer primary of this stream since (and whose
+        fence notice went down with the old call)."""
         now = self._clock.monotonic_s()
         contacts = sorted([now, *(self._links.acked_sent_s(n, opened_counts=writes)
-                                  for n in self.progress)], reverse=True)
+                                  if writes or p.confirmed else -1e9
+                                  for n, p in self.progress.items())], reverse=True)
         return contacts[majority(self.replica_count) - 1] + limits.primary_lease_s - now
 
     def _recompute_commit(self) -> None:
@@ -350,6 +359,7 @@ class StreamReplicator:
             return
         if ack.epoch != self.epoch:
             return
+        progress.confirmed = True
         progress.match_seq = max(progress.match_seq, ack.last_seq)
         if progress.next_seq is None:
             progress.next_seq = ack.last_seq + 1

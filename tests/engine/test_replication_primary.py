@@ -319,6 +319,38 @@ def test_the_read_lease_lapses_when_a_majority_stops_answering(tmp_path: Path) -
     run(tmp_path, body)
 
 
+def test_heartbeats_on_a_link_back_from_a_partition_renew_no_read_lease(tmp_path: Path) -> None:
+    """Cut off from both replicas, which a newer primary takes over meanwhile (fenced at epoch
+    2; the fence notices go nowhere, no call is open). When the links come back, the replicas
+    answer the links' heartbeats at once: those answers must not renew this stream's lease
+    (a read would return this stale copy). Reads stay refused until the stream's own probe
+    comes back refused at epoch 2, which deposes the primary."""
+
+    async def body(c: Cluster) -> None:
+        await c.publish(b"a")
+        c.cut(R1, R2)
+        await c.tick(advance_s=limits.primary_lease_s + 0.1)
+        with pytest.raises(RaftlogError):
+            c.primary.check_readable()
+        for replica in (R1, R2):
+            await c.replica(replica).fence(2)
+        c.restore(R1, R2)
+        links = c.manager.links
+        served = []
+        while c.primary.deposed is None:
+            await c.tick(advance_s=0.001)
+            try:
+                c.primary.check_readable()
+                served.append(links.acked_sent_s(R1))
+            except RaftlogError:
+                pass
+            assert len(c.heard) < 10_000, "the primary was never deposed"
+        assert served == []
+        assert any(to in (R1, R2) and not request.stream for to, request in c.heard)
+
+    run(tmp_path, body)
+
+
 def test_the_in_memory_link_runs_the_replicate_servicer_code(tmp_path: Path) -> None:
     """Every request reaches the replica through ReplicationService.replicate (what the gRPC
     Replicate handler runs): a replica whose `replicate` is broken gets nothing."""
