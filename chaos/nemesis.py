@@ -19,7 +19,7 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,6 +57,10 @@ class Target(Protocol):
 
     async def leader(self) -> int:
         """The index of the Raft leader."""
+        ...
+
+    async def replica_set(self) -> list[int]:
+        """The indexes of the nodes that hold the run's stream (its primary included)."""
         ...
 
     async def kill9(self, i: int) -> None: ...
@@ -110,6 +114,17 @@ def _majority(count: int) -> int:
     return count // 2 + 1
 
 
+async def _majority_left(target: Target, cut_off: Iterable[int]) -> bool:
+    """Whether the nodes not in `cut_off` still hold a majority of the cluster (Raft, so a
+    failover can happen) and of the stream's copies (so its writes can commit): the stream
+    owes its availability only then."""
+    gone = set(cut_off)
+    nodes = target.node_indexes()
+    replicas = await target.replica_set()
+    return (len([i for i in nodes if i not in gone]) >= _majority(len(nodes))
+            and len([i for i in replicas if i not in gone]) >= _majority(len(replicas)))
+
+
 @dataclass
 class Kill:
     """kill -9 of the primary, the Raft leader, a random node, or two at once; restarted when
@@ -132,11 +147,11 @@ class Kill:
             victims = target.rng.sample(nodes, min(2, len(nodes)))
         else:
             victims = [target.rng.choice(nodes)]
+        majority = await _majority_left(target, victims)
         for i in victims:
             await target.kill9(i)
         self._killed = victims
-        alive = len(target.node_indexes()) - len(victims)
-        return Started(victims, majority_connected=alive >= _majority(len(target.node_indexes())))
+        return Started(victims, majority_connected=majority)
 
     async def stop(self, target: Target) -> None:
         for i in self._killed:
@@ -169,6 +184,7 @@ class PowerLoss:
             victims = [await target.primary()]
         else:
             victims = [target.rng.choice(nodes)]
+        majority = await _majority_left(target, victims)
         for i in victims:
             if self.whom == "primary":
                 await target.kill9_after_ack(i, timeout_s=ack_wait_s)
@@ -182,8 +198,7 @@ class PowerLoss:
             else:
                 await asyncio.to_thread(disk.drop)
         self._victims = victims
-        alive = len(target.node_indexes()) - len(victims)
-        return Started(victims, majority_connected=alive >= _majority(len(target.node_indexes())))
+        return Started(victims, majority_connected=majority)
 
     async def stop(self, target: Target) -> None:
         for i in self._victims:
@@ -284,7 +299,11 @@ class Partition:
         victims = await self._cut(target)
         if self.flapping:
             self._flapper = asyncio.create_task(self._flap(target))
-        return Started(victims)
+        # A minority cut off may hold most of the stream's copies (5 nodes, 3 copies); the
+        # bridge and one-way cuts leave every node talking to a majority.
+        majority = await _majority_left(target, victims) if self.kind in (
+            "majority", "primary", "leader") else True
+        return Started(victims, majority_connected=majority)
 
     async def _flap(self, target: Target) -> None:
         """Cuts and heals until `_calm` is set. It is never cancelled: a cancelled await of a

@@ -222,6 +222,17 @@ class ChaosCluster:
             return self.rng.choice(self.running())
         return self.cluster.index_of(route.primary)
 
+    async def replica_set(self) -> list[int]:
+        """Asked of the running nodes directly; every node when no one answers."""
+        addresses = [self.cluster.specs[i].grpc_address for i in self.running()]
+        try:
+            route = await wl.explain_route(addresses, STREAM, timeout_s=route_timeout_s)
+        except grpc.RpcError:
+            route = None
+        if route is None or not route.replicas:
+            return self.node_indexes()
+        return sorted(self.cluster.index_of(node) for node in route.replicas)
+
     async def leader(self) -> int:
         leader = await asyncio.to_thread(self.cluster.leader_id, among=self.running())
         return self.cluster.index_of(leader) if leader else self.rng.choice(self.running())

@@ -49,6 +49,9 @@ class _Target:
     async def primary(self) -> int:
         return 1
 
+    async def replica_set(self) -> list[int]:
+        return [1, 2, 3]
+
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(name)
 
@@ -68,3 +71,22 @@ def test_a_flapping_partition_stops_without_racing_its_own_heal(monkeypatch: Any
     asyncio.run(scenario())
     assert target.net.overlaps == 0
     assert target.net.calls[-1] == "heal" and target.net.calls.count("cut") >= 2
+
+
+def test_a_minority_that_holds_most_copies_of_the_stream_leaves_no_majority() -> None:
+    """5 nodes, the stream on 3: cutting off 2 of its copies leaves the cluster a majority but
+    not the stream, whose availability is then not owed; cutting 2 others leaves both."""
+
+    class _Five(_Target):
+        def node_indexes(self) -> list[int]:
+            return [1, 2, 3, 4, 5]
+
+        async def replica_set(self) -> list[int]:
+            return [2, 4, 5]
+
+    async def majority_without(cut_off: list[int]) -> bool:
+        return await nemesis._majority_left(_Five(), cut_off)  # type: ignore[arg-type]
+
+    assert asyncio.run(majority_without([2, 4])) is False
+    assert asyncio.run(majority_without([1, 3])) is True
+    assert asyncio.run(majority_without([1, 2, 3])) is False
