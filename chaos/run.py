@@ -33,7 +33,8 @@ from raftlog.chaos import timeline
 from raftlog.chaos import workload as wl
 from raftlog.chaos.checks.verdict import Verdict, check_all
 from raftlog.chaos.cluster import LocalCluster
-from raftlog.chaos.events import HistoryWriter
+from raftlog.chaos.disks import read_stopped_copy
+from raftlog.chaos.events import HistoryWriter, Op
 from raftlog.chaos.hosts import HostNet
 from raftlog.chaos.hosts_run import attached_net
 from raftlog.chaos.links import Net, ProxyNet
@@ -98,6 +99,7 @@ class RunResult:
     acknowledged: int = 0
     elapsed_s: float = 0.0
     history_path: str = ""
+    copies: list[str] = field(default_factory=list)  # the replica copies compared
 
     @property
     def ok(self) -> bool:
@@ -114,7 +116,8 @@ class RunResult:
         config["workdir"] = str(self.config.workdir)
         return {"config": config, "ok": self.ok, "elapsed_s": round(self.elapsed_s, 3),
                 "acknowledged": self.acknowledged, "faults": self.faults,
-                "verdict": self.verdict.to_dict(), "history": self.history_path,
+                "verdict": self.verdict.to_dict(), "copies_compared": self.copies,
+                "history": self.history_path,
                 "replay": self.replay_command()}
 
 
@@ -371,7 +374,7 @@ class Reader:
 
 
 async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[[str], None]
-                    ) -> RunResult:
+                    ) -> _Collected:
     addresses = target.addresses()
     await wl.create_stream(addresses, STREAM, subjects=[f"{SUBJECT_PREFIX}.>"],
                            replicas=config.replicas)
@@ -434,16 +437,44 @@ async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[
     with HistoryWriter.open(history_path, clock=FakeClock()) as writer:
         for op in history:
             writer.append(op)
-    verdict = check_all(history, final_state(contents, survey), seed=config.seed,
-                        instant_faults=frozenset(NEMESES))
+    return _Collected(history, contents, survey, [asdict(w) for w in schedule.windows],
+                      str(history_path))
+
+
+@dataclass
+class _Collected:
+    """What a run gathered for the checks."""
+
+    history: list[Op]
+    contents: wl.StreamContents
+    survey: wl.ReplicaSurvey
+    faults: list[dict[str, Any]]
+    history_path: str
+
+
+def _read_disks(target: ChaosCluster, survey: wl.ReplicaSurvey) -> None:
+    """Each stopped node's copy, read from its database, joins the survey."""
+    for i in target.node_indexes():
+        spec = target.cluster.spec(i)
+        copy = read_stopped_copy(spec.data_dir, STREAM, node=spec.node_id)
+        if copy is None:
+            survey.notes.append(f"{spec.node_id}: no copy of {STREAM!r} on its disk")
+        else:
+            survey.copies.append(copy)
+
+
+def _judge(config: RunConfig, collected: _Collected) -> RunResult:
+    history = collected.history
+    verdict = check_all(history, final_state(collected.contents, collected.survey),
+                        seed=config.seed, instant_faults=frozenset(NEMESES))
     title = (f"raftlog chaos: {config.nodes} nodes, {','.join(config.nemeses) or 'no faults'}, "
              f"seed {config.seed}")
     png = timeline.write_png(history, config.workdir / "timeline.png", title=title)
     timeline.write_html(history, config.workdir / "timeline.html", png=png, title=title,
                         summary=verdict.summary())
     return RunResult(config=config, verdict=verdict, acknowledged=verdict.acknowledged,
-                     faults=[asdict(w) for w in schedule.windows],
-                     history_path=str(history_path))
+                     faults=collected.faults, history_path=collected.history_path,
+                     copies=sorted(copy.node for copy in collected.survey.copies))
 
 
 async def _heal(target: ChaosCluster) -> None:
@@ -471,12 +502,16 @@ def run_chaos(config: RunConfig, *, progress: Callable[[str], None] = print) -> 
                      f"({'bundled' if toxiproxy.bundled else 'binary'}); "
                      f"starting {config.nodes} nodes")
         target.cluster.start_all()
-        result = asyncio.run(_workload(config, target, progress))
+        collected = asyncio.run(_workload(config, target, progress))
+        progress("stopping the nodes; reading each one's copy from its disk")
+        target.cluster.stop_all()
+        _read_disks(target, collected.survey)
     finally:
         target.cluster.stop_all()
         target.unmount()
         if toxiproxy is not None:
             toxiproxy.stop()
+    result = _judge(config, collected)
     result.elapsed_s = time.monotonic() - begun
     (config.workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result

@@ -37,6 +37,9 @@ def test_a_short_run_with_kills_and_partitions_loses_nothing(tmp_path: Path) -> 
     # every acknowledgement names its primary and epoch: the primary changed, never twice in
     # one epoch
     assert report["verdict"]["failovers"] >= 2 and report["verdict"]["split-brain"] == 0
+    # every node's copy, as served and as read from its disk once stopped, compared
+    assert report["copies_compared"] == ["n1", "n1 (disk)", "n2", "n2 (disk)", "n3",
+                                         "n3 (disk)"]
     history = (tmp_path / "history.jsonl").read_text().splitlines()
     assert any('"process":"nemesis"' in line for line in history)
     assert "--seed 11" in result.replay_command()
