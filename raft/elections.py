@@ -13,7 +13,8 @@ that applies them (message interception, the election deadline) is in raft/elect
   thread (the gap between consecutive ticks, worst in the last `election_delay_window_s`): at
   least `election_delay_factor` times it, never below the configured values, never above
   `adaptive_*_timeout_s_max` (all in base/limits.py). On an idle machine nothing changes; on a
-  starved one elections wait instead of firing.
+  starved one elections wait instead of firing. A gap longer than the cap is an outage of this
+  node (SIGSTOP, a frozen VM), not a delay, and is not counted.
 - **A stuck node does not lead**: when the node's serving loop is stuck (node/cluster/liveness.py) a
   leader steps down and a follower does not stand for election.
 """
@@ -84,7 +85,11 @@ class AdaptiveTimeouts:
         self.current = base
 
     def on_tick(self, now_s: float) -> Timeouts:
-        if self._last_tick_s is not None:
+        if self._last_tick_s is not None and \
+                now_s - self._last_tick_s <= limits.adaptive_election_timeout_s_max:
+            # A longer gap is an outage of this node (stopped, frozen), not a delay timeouts
+            # could follow: counted, it would keep this member from granting pre-votes for
+            # the cap's length (and so stall the election) for the whole window.
             gap = now_s - self._last_tick_s
             # A max-queue: gaps in decreasing order, the front the worst in the window.
             while self._gaps and self._gaps[-1][1] <= gap:

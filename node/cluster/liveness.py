@@ -74,7 +74,9 @@ class LoopHeartbeat:
         while True:
             await asyncio.sleep(limits.loop_beat_period_s)
             now = time.monotonic()
-            self.delays.add(now, now - self._last_beat_s - limits.loop_beat_period_s)
+            late_s = now - self._last_beat_s - limits.loop_beat_period_s
+            if late_s <= limits.failover_after_s_max:  # longer: this node was stopped, an
+                self.delays.add(now, late_s)          # outage, not a delay to adapt to
             self._last_beat_s = now
 
 
