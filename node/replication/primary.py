@@ -84,6 +84,7 @@ class PeerLink:
         self.last_sent_s = -1e9
         self.acked_sent_s = -1e9  # send time of the latest request the replica acknowledged
         self.created_s = clock.monotonic_s()
+        self.call_opened_s: float | None = None  # when the current call opened (None: none)
         self.commits: dict[str, tuple[int, int]] = {}  # stream -> (epoch, commit seq) to tell
         # The call answered since it was opened: only then do streams send on it (a dead or
         # unreachable replica costs nothing but the link's own reconnect attempts).
@@ -168,6 +169,7 @@ class PeerLink:
             self._queue = asyncio.Queue(limits.replication_link_queue_max)
             try:
                 self._call = self._transport.open(self.node_id, self._requests(self._queue))
+                self.call_opened_s = self._clock.monotonic_s()
                 async for ack in self._call.acks():
                     if not self.connected:
                         self.connected = was_connected = True  # tick() wakes the waiting
@@ -180,6 +182,7 @@ class PeerLink:
             except Exception:
                 log.exception("replication link to %s failed", self.node_id)
             self._call = None
+            self.call_opened_s = None
             self._restarting = False
             self.connected = False
             self._sent.clear()  # requests queued for a broken call are lost; streams resend
@@ -230,6 +233,7 @@ class StreamReplicator:
         self._links = links
         self._clock = clock
         self.stopped = False
+        self.started_s = clock.monotonic_s()
 
     # --- Replicator protocol (called by Stream)
 
@@ -264,15 +268,23 @@ class StreamReplicator:
     # --- lease and commit
 
     def lease_remaining_s(self, *, writes: bool = False) -> float:
-        """For reads, a replica counts only once it acknowledged this stream on its link's
-        current call: a link that comes back after a partition carries heartbeats that any
-        node answers, also one that follows a newer primary of this stream since (and whose
-        fence notice went down with the old call)."""
+        """For reads, a replica counts once it acknowledged this stream on its link's current
+        call, or when that call has been open since before this node began to lead the
+        stream (a fence since would have come on it as a notice). A call opened later, e.g.
+        after a partition healed, carries heartbeats that any node answers, also one that
+        follows a newer primary of this stream by now and whose fence notice went down with
+        the old call."""
         now = self._clock.monotonic_s()
         contacts = sorted([now, *(self._links.acked_sent_s(n, opened_counts=writes)
-                                  if writes or p.confirmed else -1e9
+                                  if writes or self._lease_counts(n, p) else -1e9
                                   for n, p in self.progress.items())], reverse=True)
         return contacts[majority(self.replica_count) - 1] + limits.primary_lease_s - now
+
+    def _lease_counts(self, node_id: str, progress: ReplicaProgress) -> bool:
+        if progress.confirmed:
+            return True
+        opened = self._links.call_opened_s(node_id)
+        return opened is not None and opened <= self.started_s
 
     def _recompute_commit(self) -> None:
         positions = sorted([self.stream.durable_seq,
@@ -427,6 +439,11 @@ class LinkSet:
 
     def note_commit(self, node_id: str, stream: str, epoch: int, commit_seq: int) -> None:
         self.link(node_id).commits[stream] = (epoch, commit_seq)
+
+    def call_opened_s(self, node_id: str) -> float | None:
+        """When the link's current call to the node opened (None: no call)."""
+        link = self._links.get(node_id)
+        return None if link is None else link.call_opened_s
 
     def acked_sent_s(self, node_id: str, *, opened_counts: bool = False) -> float:
         """Send time of the latest request the node acknowledged; with `opened_counts`, a
