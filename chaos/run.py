@@ -214,24 +214,25 @@ class ChaosCluster:
             peer_of[self._client_address(i)] = spec.peer_address
         return wl.PeerAccess(credential=access.credential, peer_of=peer_of)
 
-    async def primary(self) -> int:
-        """Asked of the running nodes directly (not through their client proxies)."""
-        addresses = [self.cluster.specs[i].grpc_address for i in self.running()]
+    async def _route(self) -> cluster_pb2.RouteExplanation | None:
+        """The stream's route, asked of the running nodes directly (not through their client
+        proxies); None when no one answers."""
+        addresses = [self.cluster.spec(i).grpc_address for i in self.running()]
         try:
-            route = await wl.explain_route(addresses, STREAM, timeout_s=route_timeout_s)
+            return await wl.explain_route(addresses, STREAM, timeout_s=route_timeout_s)
         except grpc.RpcError:
-            route = None
+            return None
+
+    async def primary(self) -> int:
+        """A random running node when no one names one."""
+        route = await self._route()
         if route is None or not route.primary:
             return self.rng.choice(self.running())
         return self.cluster.index_of(route.primary)
 
     async def replica_set(self) -> list[int]:
-        """Asked of the running nodes directly; every node when no one answers."""
-        addresses = [self.cluster.specs[i].grpc_address for i in self.running()]
-        try:
-            route = await wl.explain_route(addresses, STREAM, timeout_s=route_timeout_s)
-        except grpc.RpcError:
-            route = None
+        """Every node when no one answers."""
+        route = await self._route()
         if route is None or not route.replicas:
             return self.node_indexes()
         return sorted(self.cluster.index_of(node) for node in route.replicas)
