@@ -32,7 +32,7 @@ from raftlog.base.errors import RaftlogError, Reason
 from raftlog.chaos.sim.trace import Trace
 from raftlog.internal import replication_pb2
 from raftlog.node.replication.links import LinkReset, LinkTransport
-from raftlog.node.replication.memory_link import ReplicaEndpoint
+from raftlog.node.replication.memory_link import QueuedCall, ReplicaEndpoint
 
 T = TypeVar("T")
 CLIENT = "client"  # the endpoint the workload's clients send from
@@ -296,17 +296,15 @@ class _Pipe:
             self._stall.cancel()
 
 
-class SimLinkCall:
+class SimLinkCall(QueuedCall):
     """One Replicate call from node a to node b (a `LinkCall`)."""
 
     def __init__(self, network: SimNetwork, a: str, b: str,
                  requests: AsyncIterator[replication_pb2.ReplicateRequest]) -> None:
+        super().__init__()
         self._network = network
         self.key = (a, b)
-        self._answers: asyncio.Queue[replication_pb2.ReplicateAck | BaseException | None] = \
-            asyncio.Queue()
         self._inbound: asyncio.Queue[replication_pb2.ReplicateRequest | None] = asyncio.Queue()
-        self._done = False
         self._up = _Pipe(network, a, b, self._arrive, self.reset)
         self._down = _Pipe(network, b, a, self._answer, self.reset)
         loop = asyncio.get_running_loop()
@@ -363,38 +361,13 @@ class SimLinkCall:
         elif isinstance(item, replication_pb2.ReplicateAck):
             self._answers.put_nowait(item)
 
-    def _finish(self, end: BaseException | None) -> None:
-        if self._done:
-            return
-        self._done = True
-        self._answers.put_nowait(end)
+    def _ended(self) -> None:
         self._network.closed(self)
         for pipe in (self._up, self._down):
             pipe.close()
         self._reader.cancel()
         if self._handler is not None:
             self._handler.cancel()
-
-    def reset(self, reason: str) -> None:
-        """Breaks the call as a lost connection does: `acks()` raises LinkReset."""
-        self._finish(LinkReset(reason))
-
-    def cancel(self) -> None:
-        self._finish(asyncio.CancelledError())
-
-    async def acks(self) -> AsyncIterator[replication_pb2.ReplicateAck]:
-        try:
-            while True:
-                item = await self._answers.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        except asyncio.CancelledError:
-            self.cancel()  # the reader itself was cancelled: end the call with it
-            raise
-
 
 
 if TYPE_CHECKING:

@@ -120,17 +120,59 @@ class MemoryLinkTransport:
         return MemoryCall(self._network, self.node_id, node_id, requests)
 
 
-class MemoryCall:
-    """One Replicate call between two simulated nodes (a `LinkCall`)."""
+class QueuedCall:
+    """The receiving half of an in-process Replicate call (a `LinkCall`), shared by this
+    module's calls and the simulation's (chaos/sim/network.py): the answers, then how the call
+    ended, go through one queue. `_finish(end)` ends the call once (None: the replica ended
+    it) and runs `_ended()`; `reset` and `cancel` end it from this side through `_break`."""
 
-    def __init__(self, network: MemoryNetwork, from_node: str, to_node: str,
-                 requests: AsyncIterator[replication_pb2.ReplicateRequest]) -> None:
-        self._network = network
-        self.key = (from_node, to_node)
+    def __init__(self) -> None:
         # Answers, then how the call ended: None (the replica ended it) or an exception.
         self._answers: asyncio.Queue[replication_pb2.ReplicateAck | BaseException | None] = \
             asyncio.Queue()
         self._done = False
+
+    def _finish(self, end: BaseException | None) -> None:
+        if not self._done:
+            self._done = True
+            self._answers.put_nowait(end)
+            self._ended()
+
+    def _ended(self) -> None:
+        """Once, when the call ends: the subclass lets go of what it holds."""
+
+    def _break(self, end: BaseException) -> None:
+        self._finish(end)
+
+    def reset(self, reason: str) -> None:
+        """Breaks the call as a lost connection does: `acks()` raises LinkReset."""
+        self._break(LinkReset(reason))
+
+    def cancel(self) -> None:
+        self._break(asyncio.CancelledError())
+
+    async def acks(self) -> AsyncIterator[replication_pb2.ReplicateAck]:
+        try:
+            while True:
+                item = await self._answers.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        except asyncio.CancelledError:
+            self.cancel()  # the reader itself was cancelled: end the call with it
+            raise
+
+
+class MemoryCall(QueuedCall):
+    """One Replicate call between two simulated nodes (a `LinkCall`)."""
+
+    def __init__(self, network: MemoryNetwork, from_node: str, to_node: str,
+                 requests: AsyncIterator[replication_pb2.ReplicateRequest]) -> None:
+        super().__init__()
+        self._network = network
+        self.key = (from_node, to_node)
         network._opened(self)
         self.task = asyncio.get_running_loop().create_task(
             self._run(requests), name=f"memory-link-{from_node}-{to_node}")
@@ -170,33 +212,10 @@ class MemoryCall:
                 tap(self.key[0], self.key[1], request)
             yield request
 
-    def _finish(self, end: BaseException | None) -> None:
-        if not self._done:
-            self._done = True
-            self._answers.put_nowait(end)
-            self._network._closed(self)
+    def _ended(self) -> None:
+        self._network._closed(self)
 
     def _break(self, end: BaseException) -> None:
         if not self._done:
             self._finish(end)
             self.task.cancel()
-
-    def reset(self, reason: str) -> None:
-        """Breaks the call as a lost connection does: `acks()` raises LinkReset."""
-        self._break(LinkReset(reason))
-
-    def cancel(self) -> None:
-        self._break(asyncio.CancelledError())
-
-    async def acks(self) -> AsyncIterator[replication_pb2.ReplicateAck]:
-        try:
-            while True:
-                item = await self._answers.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        except asyncio.CancelledError:
-            self.cancel()  # the reader itself was cancelled: end the call with it
-            raise
