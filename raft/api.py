@@ -24,8 +24,10 @@ Threading contract, for both implementations:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -88,6 +90,24 @@ class GroupStatus:
 OnApplied = Callable[[Applied], None]
 OnLeaderChange = Callable[[LeaderChange], None]
 
+
+
+class AppliedState:
+    """The applied metadata state and the lock readers take, as every MetaGroup (the real
+    one, the in-memory twin, the simulation's) holds them."""
+
+    def __init__(self, state: MetaState | None = None) -> None:
+        self._state = state or MetaState()
+        self._state_lock = threading.Lock()
+
+    @property
+    def state(self) -> MetaState:
+        return self._state
+
+    @contextlib.contextmanager
+    def read_state(self) -> Iterator[MetaState]:
+        with self._state_lock:
+            yield self._state
 
 class MetaGroup(Protocol):
     async def propose(self, command: raft_pb2.RaftCommand, *, timeout_s: float

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ from raftlog.raft.addresses import check_raft_config, split_address
 from raftlog.raft.api import (
     OUTCOME_UNKNOWN,
     Applied,
+    AppliedState,
     EventSink,
     GroupStatus,
     LeaderChange,
@@ -60,7 +61,6 @@ from raftlog.raft.election_guard import ElectionGuard
 from raftlog.raft.journal import RocksJournal
 from raftlog.raft.snapshot_io import SnapshotIO
 from raftlog.raft.state import apply
-from raftlog.raft.state_model import MetaState
 from raftlog.raft.state_rules import rejected
 from raftlog.raft.syncobj_glue import DUMP_CODEC as DUMP_CODEC
 from raftlog.raft.syncobj_glue import (
@@ -104,7 +104,7 @@ class RaftTimings:
 # RaftGroup
 
 
-class RaftGroup(ElectionGuard, SnapshotIO):
+class RaftGroup(AppliedState, ElectionGuard, SnapshotIO):
     """The metadata group of one node; see the module docstring and `raftlog.raft.api`."""
 
     def __init__(
@@ -142,8 +142,7 @@ class RaftGroup(ElectionGuard, SnapshotIO):
         self._timings = timings or RaftTimings()
         self._events = EventSink(on_applied=on_applied, on_leader_change=on_leader_change,
                                  loop=loop or running_loop_or_none())
-        self._state = MetaState()
-        self._state_lock = threading.Lock()
+        AppliedState.__init__(self)
         self._failure = ""
         self._closed = False
         self._calls = PendingCalls()
@@ -209,15 +208,6 @@ class RaftGroup(ElectionGuard, SnapshotIO):
     def is_ready(self) -> bool:
         """Caught up with the leader's commit index once since start."""
         return bool(self._obj.isReady())
-
-    @property
-    def state(self) -> MetaState:
-        return self._state
-
-    @contextlib.contextmanager
-    def read_state(self) -> Iterator[MetaState]:
-        with self._state_lock:
-            yield self._state
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._events.loop = loop

@@ -11,9 +11,6 @@ set of addresses.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-from collections.abc import Iterator
 
 from raftlog.base.clock import Clock, SystemClock
 from raftlog.base.errors import RaftlogError, Reason
@@ -21,6 +18,7 @@ from raftlog.internal import raft_pb2
 from raftlog.raft.api import (
     OUTCOME_NOT_COMMITTED,
     Applied,
+    AppliedState,
     EventSink,
     GroupStatus,
     LeaderChange,
@@ -35,7 +33,7 @@ from raftlog.raft.state import apply
 from raftlog.raft.state_model import MetaState
 
 
-class MemoryRaftGroup:
+class MemoryRaftGroup(AppliedState):
     def __init__(
         self, *,
         self_address: str = "127.0.0.1:7000",
@@ -46,8 +44,7 @@ class MemoryRaftGroup:
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.self_address = self_address
-        self._state = state or MetaState()
-        self._state_lock = threading.Lock()
+        super().__init__(state)
         self._clock = clock or SystemClock()
         self._events = EventSink(on_applied=on_applied, on_leader_change=on_leader_change,
                                  loop=loop or running_loop_or_none())
@@ -93,15 +90,6 @@ class MemoryRaftGroup:
             self._term += 1
             self._events.leader_changed(LeaderChange(
                 is_leader=is_leader, leader=self.leader_address(), term=self._term))
-
-    @property
-    def state(self) -> MetaState:
-        return self._state
-
-    @contextlib.contextmanager
-    def read_state(self) -> Iterator[MetaState]:
-        with self._state_lock:
-            yield self._state
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._events.loop = loop

@@ -19,10 +19,8 @@ it committed or not, as in the real group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raftlog.base.clock import Clock
@@ -34,6 +32,7 @@ from raftlog.raft.api import (
     OUTCOME_NOT_COMMITTED,
     OUTCOME_UNKNOWN,
     Applied,
+    AppliedState,
     EventSink,
     GroupStatus,
     LeaderChange,
@@ -42,7 +41,6 @@ from raftlog.raft.api import (
     stamped,
 )
 from raftlog.raft.state import apply
-from raftlog.raft.state_model import MetaState
 
 raft_tick_s = 0.01  # how often the leader's entries reach followers and leadership is judged
 election_timeout_min_s = 0.15  # raft/group.py's defaults
@@ -241,7 +239,7 @@ class SimRaft:
         return view.result(index)
 
 
-class SimMetaGroup:
+class SimMetaGroup(AppliedState):
     """One node incarnation's `MetaGroup`: its own `MetaState`, applied from the committed log
     by the real `apply`; see the module docstring."""
 
@@ -250,8 +248,7 @@ class SimMetaGroup:
         self.node = node
         self.self_address = raft_address(node)
         self._clock = clock
-        self._state = MetaState()
-        self._state_lock = threading.Lock()
+        super().__init__()
         self._events = EventSink(on_applied=None, on_leader_change=None, loop=None)
         self._results: dict[int, raft_pb2.RaftResult] = {}
         self.closed = False
@@ -319,15 +316,6 @@ class SimMetaGroup:
     def leader_address(self) -> str | None:
         leader = self._raft.leader_for(self.node)
         return None if leader is None else raft_address(leader)
-
-    @property
-    def state(self) -> MetaState:
-        return self._state
-
-    @contextlib.contextmanager
-    def read_state(self) -> Iterator[MetaState]:
-        with self._state_lock:
-            yield self._state
 
     async def add_member(self, address: str, *, timeout_s: float) -> None:
         raise RaftlogError(Reason.INVALID_ARGUMENT, "Raft membership changes are not simulated")
