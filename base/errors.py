@@ -86,6 +86,61 @@ class Reason(enum.Enum):
     # Appended for bad input and resource bounds:
     MALFORMED_REQUEST = "INVALID_ARGUMENT"  # request bytes that do not parse as the method's type
     TOO_MANY_SUBSCRIPTIONS = "RESOURCE_EXHAUSTED"  # limits.subscriptions_max calls are open
+    # Appended for the audit's repair (raftlog audit repair):
+    COPY_IS_PRIMARY = "FAILED_PRECONDITION"  # a repair of the copy a serving primary holds
+    COPY_CHANGED = "FAILED_PRECONDITION"  # the copy is no longer where the repair plan saw it
+    # Appended for the audit's export (Cluster.ExportAudit):
+    EXPORT_RUNNING = "RESOURCE_EXHAUSTED"  # the node runs an export already (one at a time)
+    # Appended for the audit's consumer repair (Cluster.SetConsumerState,
+    # Replication.RepairConsumer):
+    CONSUMER_CHANGED = "FAILED_PRECONDITION"  # the consumer moved since the repair plan saw it
+    PAST_COMMITTED_END = "OUT_OF_RANGE"  # a consumer seq past the stream's committed end
+    # Appended for the object store (ops/objects.py):
+    BUCKET_NOT_FOUND = "NOT_FOUND"
+    OBJECT_NOT_FOUND = "NOT_FOUND"  # never put, or its latest revision is a tombstone
+    BUCKET_EXISTS = "ALREADY_EXISTS"
+    SHA_MISMATCH = "INVALID_ARGUMENT"  # a put's content does not hash to the sha256 it named
+    OBJECT_TOO_LARGE = "FAILED_PRECONDITION"  # past a unary reply's limit: use the stream
+    OBJECT_INCOMPLETE = "DATA_LOSS"  # a live revision misses a chunk
+    OBJECT_CORRUPT = "DATA_LOSS"  # the stored chunks do not hash to the revision's sha256
+    OBJECT_CHANGED = "ABORTED"  # replaced or deleted while it was read: read it again
+    UPLOAD_ABANDONED = "ABORTED"  # an upload idle so long that its chunks were collected
+    # Appended for KV buckets (ops/kv.py; BUCKET_NOT_FOUND and BUCKET_EXISTS above serve them
+    # too):
+    KEY_NOT_FOUND = "NOT_FOUND"  # never written, deleted, purged or past its TTL
+    KEY_EXISTS = "ALREADY_EXISTS"  # a Create of a key that has a live value
+    WRONG_REVISION = "FAILED_PRECONDITION"  # metadata `revision`: the key's latest revision
+    INVALID_KEY = "INVALID_ARGUMENT"  # not 1+ dot-separated tokens of [-/_=a-zA-Z0-9]
+    VALUE_TOO_LARGE = "INVALID_ARGUMENT"  # above the bucket's max_value_size
+    TOO_MANY_KEYS = "RESOURCE_EXHAUSTED"  # a watch's start would list more keys than it may
+    # Appended for collections (ops/collections.py: hashes, sets and queues):
+    COLLECTION_NOT_FOUND = "NOT_FOUND"  # no hash, set or queue of that name
+    COLLECTION_EXISTS = "ALREADY_EXISTS"  # a create of a name that is taken (or its stream is)
+    FIELD_NOT_FOUND = "NOT_FOUND"  # a hash key has no live value at that field
+    QUEUE_EMPTY = "FAILED_PRECONDITION"  # a pop found nothing to hand out within its wait
+    COLLECTION_FULL = "RESOURCE_EXHAUSTED"  # a write past the collection's max_bytes/max_messages
+    COLLECTION_CONFLICT = "ABORTED"  # kept losing races to other writers: retry
+    # Appended for topics (ops/partitions.py, docs/partitions.md):
+    TOPIC_NOT_FOUND = "NOT_FOUND"
+    TOPIC_EXISTS = "ALREADY_EXISTS"  # a create with another partition count or stream config
+    TOPIC_INCOMPLETE = "FAILED_PRECONDITION"  # a partition stream is missing: create again
+    PARTITION_OUT_OF_RANGE = "OUT_OF_RANGE"  # a partition index at or past the topic's count
+    # Appended for the Kafka-Pixy front-end (node/api/kafkapixy.py, docs/kafkapixy.md):
+    LONG_POLL_TIMEOUT = "NOT_FOUND"  # ConsumeNAck found no message within its wait
+    # A create asking for more copies than the cluster has members (never quietly lowered):
+    INSUFFICIENT_REPLICAS = "FAILED_PRECONDITION"
+    # Appended for transactions (ops/transactions.py, docs/transactions.md):
+    TRANSACTION_NOT_FOUND = "NOT_FOUND"  # never prepared, rolled back, or forgotten
+    TRANSACTION_ENDED = "FAILED_PRECONDITION"  # a rollback of a committed transaction
+    # Appended for quotas (docs/quotas.md); both carry retry_after_ms in their metadata:
+    RATE_LIMITED = "RESOURCE_EXHAUSTED"  # a publish past its stream's msgs/s or bytes/s quota
+    TOO_MANY_CONNECTIONS = "RESOURCE_EXHAUSTED"  # --connections-max clients have calls open
+    # Appended for users (raft/state_users.py, docs/auth.md):
+    USER_NOT_FOUND = "NOT_FOUND"
+    USER_EXISTS = "ALREADY_EXISTS"
+    # Appended for per-user quotas (docs/quotas.md): a create or update past the user's
+    # max_bytes_stored, or one more connection or subscription than the user may hold.
+    QUOTA_EXCEEDED = "RESOURCE_EXHAUSTED"
 
 
 

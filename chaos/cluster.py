@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import random
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -25,7 +26,7 @@ from raftlog.chaos import workload as wl
 from raftlog.chaos.nodeproc import wait_until as _wait_until
 from raftlog.internal import replication_pb2_grpc
 from raftlog.node.api.cluster import ADMIN_METHODS, admin_metadata
-from raftlog.node.cli import localcluster
+from raftlog.node.cli import certs, localcluster
 from raftlog.node.cli.localcluster import LocalClusterError, LocalNode, NodeSpec, Refusal
 from raftlog.node.transport.credentials import PEER_TOKEN_HEADER, Credential, read_secret_file
 from raftlog.v1 import cluster_pb2, cluster_pb2_grpc, consumers_pb2_grpc, streams_pb2_grpc
@@ -34,6 +35,7 @@ ready_timeout_s = 60.0
 serving_timeout_s = 30.0
 stop_timeout_s = 15.0
 status_call_timeout_s = 1.0
+settle_poll_s = 0.2  # between two looks at every member's Raft indexes (wait_raft_settled)
 # Base ports are drawn from [low, high): below Linux's default ephemeral range (32768-60999).
 base_port_low = 10_000
 base_port_high = 32_000
@@ -57,15 +59,19 @@ class LocalCluster:
                  prepare: Callable[[list[NodeSpec]], None] | None = None,
                  node_args: Callable[[NodeSpec], Sequence[str]] | None = None,
                  spares: int = 0, host_of: Callable[[int], str] | None = None,
-                 command_prefix: Callable[[NodeSpec], Sequence[str]] | None = None) -> None:
+                 command_prefix: Callable[[NodeSpec], Sequence[str]] | None = None,
+                 tls: bool = False) -> None:
         """`prepare(specs)` runs once the nodes' addresses are chosen, before any starts (the
         chaos harness makes its proxies there); `node_args(spec)` are extra `raftlog node`
         flags for that node, on every start. `spares` more nodes are planned (indexes after
         the members, peers the members) but not started: `start(i)` starts one, waiting to
         be joined (JoinNode). `host_of(i)` is node i's address (default loopback) and
         `command_prefix(spec)` goes before its command (the chaos harness's hosts mode:
-        `ip netns exec NS`)."""
+        `ip netns exec NS`). `tls`: the nodes serve TLS with certificates from a CA under
+        ROOT/tls, as `raftlog cluster up --tls` makes them, and `channel`/`replication`
+        connect with TLS."""
         self.root = root
+        self.tls = tls
         self.size = nodes
         self.spares = spares
         self.secret_file = secret_file
@@ -110,7 +116,7 @@ class LocalCluster:
             try:
                 started = localcluster.start_specs(
                     members, secret_file=self.secret_file, extra_args=self._node_args,
-                    prefix=self._command_prefix)
+                    prefix=self._command_prefix, tls=self.tls)
             except LocalClusterError as exc:
                 if exc.reason is Refusal.PORT_IN_USE:  # taken since the probe: try another
                     continue
@@ -146,7 +152,7 @@ class LocalCluster:
         node = localcluster.start_node(
             spec, secret_file=self.secret_file, python=self._python(i),
             extra_args=self._node_args(spec) if self._node_args else (),
-            prefix=self._prefix(spec),
+            prefix=self._prefix(spec), tls=self.tls,
         )
         self.nodes[i] = node
         self.running.add(i)
@@ -239,8 +245,9 @@ class LocalCluster:
         """A sync channel to node i, kept until the node is stopped. Admin calls of the
         Cluster service on it carry the cluster credential (`raw_channel` for none)."""
         if i not in self._channels:
-            self._channels[i] = grpc.intercept_channel(
-                grpc.insecure_channel(self.address(i)), _AdminTokens(self.credential()))
+            raw = (localcluster.channel_to(self.nodes[i]) if i in self.nodes
+                   else grpc.insecure_channel(self.address(i)))
+            self._channels[i] = grpc.intercept_channel(raw, _AdminTokens(self.credential()))
         return self._channels[i]
 
     def _close_channel(self, i: int) -> None:
@@ -252,9 +259,18 @@ class LocalCluster:
     def replication(self, i: int) -> replication_pb2_grpc.ReplicationStub:
         """Node i's peer listener (ReadLocal, GetReplicaState...), every call signed."""
         if i not in self._peer_channels:
-            self._peer_channels[i] = grpc.intercept_channel(
-                grpc.insecure_channel(self.peer_address(i)), _PeerTokens(self.credential()))
+            raw = (grpc.secure_channel(self.peer_address(i), self.tls_credentials())
+                   if self.tls else grpc.insecure_channel(self.peer_address(i)))
+            self._peer_channels[i] = grpc.intercept_channel(raw, _PeerTokens(self.credential()))
         return replication_pb2_grpc.ReplicationStub(self._peer_channels[i])
+
+    def tls_credentials(self, holder: str = certs.CLIENT_NAME) -> grpc.ChannelCredentials:
+        """TLS credentials trusting the cluster's CA and presenting `holder`'s certificate
+        (a node id, or the client's)."""
+        paths = certs.paths_of(self.root.resolve(), holder)
+        return grpc.ssl_channel_credentials(root_certificates=paths.ca.read_bytes(),
+                                            private_key=paths.key.read_bytes(),
+                                            certificate_chain=paths.cert.read_bytes())
 
     def streams(self, i: int) -> streams_pb2_grpc.StreamsStub:
         return streams_pb2_grpc.StreamsStub(self.channel(i))
@@ -284,6 +300,35 @@ class LocalCluster:
             with contextlib.suppress(grpc.RpcError):
                 terms.append(int(self.status(i, timeout_s=timeout_s).raft_term))
         return terms
+
+    def raft_indexes(self) -> RaftIndexes:
+        """One look at every running node: the members its metadata lists, and the (commit,
+        applied) Raft index of each node that answers."""
+        members: set[str] = set()
+        indexes: dict[str, tuple[int, int]] = {}
+        for i in sorted(self.running):
+            with contextlib.suppress(grpc.RpcError):
+                status = self.status(i)
+                members |= {node.node_id for node in status.nodes}
+                indexes[status.answered_by] = (int(status.commit_index),
+                                               int(status.applied_index))
+        return RaftIndexes(members=tuple(sorted(members)), indexes=indexes)
+
+    def wait_raft_settled(self, timeout_s: float) -> RaftSettled:
+        """Waits until the metadata is quiescent: every member answers, each has applied
+        everything it knows committed, all at the same index, and two looks `settle_poll_s`
+        apart see the same (no entry in flight). Returns what the last look saw; `settled` is
+        False when `timeout_s` passed first (the caller decides what that means)."""
+        started = time.monotonic()
+        previous: RaftIndexes | None = None
+        while True:
+            seen = self.raft_indexes()
+            if seen.agreed() and seen == previous:
+                return RaftSettled(seen, settled=True, waited_s=time.monotonic() - started)
+            if time.monotonic() - started >= timeout_s:
+                return RaftSettled(seen, settled=False, waited_s=time.monotonic() - started)
+            previous = seen
+            time.sleep(settle_poll_s)
 
     def leader_id(self, *, among: Iterable[int] | None = None) -> str | None:
         """The Raft leader as the first running node that knows one sees it, or None."""
@@ -318,6 +363,39 @@ class LocalCluster:
         predicate: Callable[[], bool], timeout_s: float, *, what: str = "condition"
     ) -> None:
         _wait_until(predicate, timeout_s, what=what)
+
+
+@dataclasses.dataclass(frozen=True)
+class RaftIndexes:
+    """What `LocalCluster.raft_indexes` saw: `members` (node ids the answering nodes' metadata
+    lists) and `indexes` (node id -> (commit index, applied index), answering nodes only)."""
+
+    members: tuple[str, ...]
+    indexes: dict[str, tuple[int, int]]
+
+    def agreed(self) -> bool:
+        """Every member answered, and every one has applied exactly what all have committed."""
+        if not self.members or set(self.indexes) != set(self.members):
+            return False
+        return len({index for pair in self.indexes.values() for index in pair}) == 1
+
+    def applied(self) -> dict[str, int]:
+        return {node: applied for node, (_commit, applied) in sorted(self.indexes.items())}
+
+
+@dataclasses.dataclass(frozen=True)
+class RaftSettled:
+    """The outcome of `LocalCluster.wait_raft_settled`."""
+
+    seen: RaftIndexes
+    settled: bool
+    waited_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settled": self.settled, "waited_s": round(self.waited_s, 3),
+                "members": list(self.seen.members), "applied_index": self.seen.applied(),
+                "commit_index": {node: commit for node, (commit, _applied)
+                                 in sorted(self.seen.indexes.items())}}
 
 
 class _AdminTokens(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]

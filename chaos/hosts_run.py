@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from raftlog.chaos import final_audit
 from raftlog.chaos.hosts import CLIENT, HostNet, cleanup_stale, current_namespace
 from raftlog.node.cli import localcluster
 
@@ -63,13 +64,14 @@ def inside_argv(config: RunConfig, *, json_out: bool) -> list[str]:
     argv = ["run", "--hosts", "--nodes", str(config.nodes), "--duration", repr(config.duration_s),
             "--nemesis", ",".join(config.nemeses) or "none", "--rate", repr(config.rate_per_s),
             "--seed", str(config.seed), "--dir", str(config.workdir)]
+    argv += [] if config.audit else ["--no-audit"]
     return [*argv, "--json"] if json_out else argv
 
 
 def run_outside(config: RunConfig, *, json_out: bool, progress: Callable[[str], None]) -> int:
     """The whole hosts-mode run; returns the inside run's exit status (its output goes to
-    ours). Raises TimeoutError when it takes over `--duration` + inside_overhead_s (it is
-    killed)."""
+    ours). Raises TimeoutError when it takes over `--duration` + inside_overhead_s, plus the
+    audit's bound (final_audit.audit_timeout_s) unless it is skipped (it is killed)."""
     for name in cleanup_stale():
         progress(f"deleted network namespace {name}, left by a run that crashed")
     config.workdir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +88,8 @@ def _run_inside(net: HostNet, config: RunConfig, *, json_out: bool,
                 progress: Callable[[str], None]) -> int:
     command = [*net.exec_prefix(CLIENT), sys.executable, "-m", "raftlog.chaos",
                *inside_argv(config, json_out=json_out)]
-    timeout_s = config.duration_s + inside_overhead_s
+    timeout_s = (config.duration_s + inside_overhead_s
+                 + (final_audit.audit_timeout_s if config.audit else 0.0))
     # `ip netns exec` execs the python: the child's pid is the inside run's.
     child = subprocess.Popen(command, env={**os.environ, HOSTS_RUN_ENV: net.run_id},
                              stdin=subprocess.DEVNULL)

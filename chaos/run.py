@@ -2,6 +2,10 @@
 through random nodes with msg_ids and retries, unary and batched; a consumer that fetches and
 acks; a prober publishing every 50 ms; a reader), a seeded schedule of faults, then heal,
 convergence, and the checkers over the whole history (`run_chaos`, `raftlog chaos run`).
+Then, unless `config.audit` is off, the healed cluster is audited: once the metadata is quiescent
+(every member at the same applied Raft index) the nodes stop, and every member's data directory
+is exported offline and audited with Spark (chaos/final_audit.py); the audit's outcome is the
+report's `audit` section, and a run whose audit is not clean is not ok.
 
 In hosts mode (`config.hosts`, `raftlog chaos run --hosts`) there is no Toxiproxy: every node
 runs in its own network namespace on its own address, this process runs in the run's client
@@ -32,9 +36,10 @@ from raftlog.base.clock import FakeClock
 from raftlog.chaos import timeline
 from raftlog.chaos import workload as wl
 from raftlog.chaos.checks.verdict import Verdict, check_all
-from raftlog.chaos.cluster import LocalCluster
+from raftlog.chaos.cluster import LocalCluster, RaftSettled
 from raftlog.chaos.disks import read_stopped_copy
 from raftlog.chaos.events import HistoryWriter, Op
+from raftlog.chaos.final_audit import AuditSection, run_audit, skipped
 from raftlog.chaos.hosts import HostNet
 from raftlog.chaos.hosts_run import attached_net
 from raftlog.chaos.links import Net, ProxyNet
@@ -60,6 +65,7 @@ membership_call_timeout_s = 30.0  # one JoinNode, LeaveNode or MigrateStream cal
 membership_timeout_s = 60.0  # retries of one membership change until it is done
 membership_retry_s = 0.5
 heal_timeout_s = 60.0  # after the last fault: every node back and the replicas converged
+settle_timeout_s = 30.0  # then: every member at the same applied Raft index, before the stop
 drain_timeout_s = 30.0  # the consumer's drain after the publishers stop
 batch_size = 10  # the batched publisher's PublishBatch size
 
@@ -75,6 +81,7 @@ class RunConfig:
     fault_s: tuple[float, float] = (4.0, 8.0)
     quiet_s: tuple[float, float] = (3.0, 6.0)
     hosts: bool = False  # each node in its own network namespace (chaos/hosts.py)
+    audit: bool = True  # export the stopped nodes and audit them with Spark (final_audit.py)
 
     @property
     def replicas(self) -> int:
@@ -100,10 +107,12 @@ class RunResult:
     elapsed_s: float = 0.0
     history_path: str = ""
     copies: list[str] = field(default_factory=list)  # the replica copies compared
+    audit: AuditSection = field(default_factory=skipped)
+    raft_before_stop: dict[str, Any] = field(default_factory=dict)  # RaftSettled.to_dict()
 
     @property
     def ok(self) -> bool:
-        return self.verdict.ok
+        return self.verdict.ok and self.audit.ok
 
     def replay_command(self) -> str:
         c = self.config
@@ -117,6 +126,7 @@ class RunResult:
         return {"config": config, "ok": self.ok, "elapsed_s": round(self.elapsed_s, 3),
                 "acknowledged": self.acknowledged, "faults": self.faults,
                 "verdict": self.verdict.to_dict(), "copies_compared": self.copies,
+                "raft_before_stop": self.raft_before_stop, "audit": self.audit.to_dict(),
                 "history": self.history_path,
                 "replay": self.replay_command()}
 
@@ -464,7 +474,38 @@ def _read_disks(target: ChaosCluster, survey: wl.ReplicaSurvey) -> None:
             survey.copies.append(copy)
 
 
-def _judge(config: RunConfig, collected: _Collected) -> RunResult:
+def _settle(target: ChaosCluster, progress: Callable[[str], None]) -> RaftSettled:
+    """Waits (bounded) until the metadata is quiescent, so that the nodes stop at the same
+    applied Raft index: their stopped copies and metadata views are then comparable. A cluster
+    that does not settle is noted in the report and stopped anyway."""
+    settled = target.cluster.wait_raft_settled(settle_timeout_s)
+    applied = ", ".join(f"{node} {index}" for node, index in settled.seen.applied().items())
+    if settled.settled:
+        progress(f"metadata quiescent after {settled.waited_s:.1f} s: applied index {applied}")
+    else:
+        progress(f"metadata not quiescent after {settle_timeout_s:g} s (members "
+                 f"{', '.join(settled.seen.members) or 'unknown'}; applied {applied}): "
+                 "stopping anyway")
+    return settled
+
+
+def _audit(config: RunConfig, target: ChaosCluster, settled: RaftSettled,
+           progress: Callable[[str], None]) -> AuditSection:
+    """The stopped members' data directories exported and audited (chaos/final_audit.py)."""
+    if not config.audit:
+        return skipped()
+    members = settled.seen.members or tuple(target.cluster.spec(i).node_id
+                                            for i in target.node_indexes())
+    dirs = [(node, target.cluster.spec(target.cluster.index_of(node)).data_dir)
+            for node in members]
+    progress(f"auditing {', '.join(members)}: offline exports, then Spark")
+    section = run_audit(dirs, config.workdir / "audit", progress=progress)
+    progress(section.summary().splitlines()[0])
+    return section
+
+
+def _judge(config: RunConfig, collected: _Collected, audit: AuditSection,
+           settled: RaftSettled) -> RunResult:
     history = collected.history
     verdict = check_all(history, final_state(collected.contents, collected.survey),
                         seed=config.seed, instant_faults=frozenset(NEMESES))
@@ -472,10 +513,21 @@ def _judge(config: RunConfig, collected: _Collected) -> RunResult:
              f"seed {config.seed}")
     png = timeline.write_png(history, config.workdir / "timeline.png", title=title)
     timeline.write_html(history, config.workdir / "timeline.html", png=png, title=title,
-                        summary=verdict.summary())
+                        summary=verdict.summary(), audit=audit.summary(),
+                        audit_link=_relative(audit.report_html, config.workdir))
     return RunResult(config=config, verdict=verdict, acknowledged=verdict.acknowledged,
                      faults=collected.faults, history_path=collected.history_path,
-                     copies=sorted(copy.node for copy in collected.survey.copies))
+                     copies=sorted(copy.node for copy in collected.survey.copies),
+                     audit=audit, raft_before_stop=settled.to_dict())
+
+
+def _relative(path: str, start: Path) -> str:
+    """`path` relative to `start` when under it (a link from a page in `start`), else as is."""
+    if not path:
+        return ""
+    with contextlib.suppress(ValueError):
+        return str(Path(path).relative_to(start))
+    return path
 
 
 async def _heal(target: ChaosCluster) -> None:
@@ -504,15 +556,18 @@ def run_chaos(config: RunConfig, *, progress: Callable[[str], None] = print) -> 
                      f"starting {config.nodes} nodes")
         target.cluster.start_all()
         collected = asyncio.run(_workload(config, target, progress))
+        settled = _settle(target, progress)
         progress("stopping the nodes; reading each one's copy from its disk")
         target.cluster.stop_all()
         _read_disks(target, collected.survey)
+        # Before unmount(): a power-loss run's data directories are on its FUSE disks.
+        audit = _audit(config, target, settled, progress)
     finally:
         target.cluster.stop_all()
         target.unmount()
         if toxiproxy is not None:
             toxiproxy.stop()
-    result = _judge(config, collected)
+    result = _judge(config, collected, audit, settled)
     result.elapsed_s = time.monotonic() - begun
     (config.workdir / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result

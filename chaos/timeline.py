@@ -129,9 +129,13 @@ def write_png(history: Sequence[Op], path: Path, *, title: str) -> Path:
 
 
 def write_html(history: Sequence[Op], path: Path, *, png: Path, title: str,
-               summary: str) -> Path:
-    """A page with the chart, the verdict and the table of faults."""
+               summary: str, audit: str = "", audit_link: str = "") -> Path:
+    """A page with the chart, the verdict, the audit's summary (with a link to its page,
+    `audit_link`, relative to this one) and the table of faults."""
     image = base64.b64encode(png.read_bytes()).decode()
+    audited = (f"<h2>Audit</h2><pre>{html.escape(audit)}</pre>" if audit else "") + (
+        f"<p><a href='{html.escape(audit_link, quote=True)}'>the audit's report</a></p>"
+        if audit_link else "")
     rows = "".join(
         f"<tr><td>{html.escape(s.name)}</td><td>{html.escape(s.targets)}</td>"
         f"<td>{s.start_t:.1f}</td><td>{s.stop_t:.1f}</td></tr>" for s in fault_spans(history))
@@ -143,7 +147,7 @@ def write_html(history: Sequence[Op], path: Path, *, png: Path, title: str,
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px}"
         "pre{background:#f4f4f4;padding:1em}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><img alt='timeline' src='data:image/png;base64,{image}'>"
-        f"<h2>Verdict</h2><pre>{html.escape(summary)}</pre><h2>Faults</h2>"
+        f"<h2>Verdict</h2><pre>{html.escape(summary)}</pre>{audited}<h2>Faults</h2>"
         "<table><tr><th>fault</th><th>targets</th><th>start s</th><th>stop s</th></tr>"
         f"{rows}</table><h2>Failovers (first acknowledgement in a new epoch)</h2>"
         "<table><tr><th>stream</th><th>epoch</th><th>primary</th><th>at s</th></tr>"

@@ -22,6 +22,14 @@ class NodeConfig:
     # The cluster credential; required in cluster mode (node/transport/credentials.py).
     cluster_secret: str = ""
     log_level: str = "INFO"
+    # host:port of the Prometheus endpoint (/metrics, docs/metrics.md); empty: none.
+    metrics_address: str = ""
+    # "text" (the default) or "json": one JSON object per log line (docs/logging.md).
+    log_format: str = "text"
+    # Clients with calls open at once on the client port, and Subscribe calls open at once
+    # (docs/quotas.md); None: limits.client_connections_max_default, limits.subscriptions_max.
+    connections_max: int | None = None
+    subscriptions_max: int | None = None
     # A replica on a member silent for longer than this is re-created on another member
     # (None: limits.replace_dead_after_s_default).
     replace_dead_after_s: float | None = None
@@ -29,6 +37,13 @@ class NodeConfig:
     # client address): the chaos harness puts a proxy on every link this way. Empty: dial the
     # addresses themselves.
     dial: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # TLS (node/transport/tls.py, docs/tls.md): the node's certificate and key and the CA
+    # every node's certificate chains to; all three or none (None: plaintext ports).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    # Whether the client port requires callers' certificates: "none" or "require".
+    tls_client_auth: str = "none"
 
     def dial_address(self, address: str) -> str:
         """The address to connect to for a member known by `address`."""

@@ -16,6 +16,7 @@ and authority overrides, consumer progress — replicated with Raft.
   - `election_guard` pre-vote, leader stickiness, stuck-loop step-down (`ElectionGuard` mixin);
   - `snapshot_io`    pysyncobj's snapshot hooks (`SnapshotIO` mixin).
 - `journal`  the Raft journal on RocksDB (pysyncobj's Journal interface, durable).
+- `replay`   a member's state read from its disk (snapshot + committed journal), read-only.
 - `wire`     restricted pickle: no frame or log entry can run code.
 - `memory`   `MemoryRaftGroup`, the in-memory twin for tests of node code.
 """

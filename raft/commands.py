@@ -30,10 +30,11 @@ def member_set_status(*, node_id: str, status: raft_pb2.MemberStatus.ValueType,
 
 
 def stream_create(*, config: types_pb2.StreamConfig, replicas: Iterable[str], primary: str,
-                  fence_epoch: int = 1, epoch_start_seq: int = 1, now_ms: int = 0) -> Command:
+                  fence_epoch: int = 1, epoch_start_seq: int = 1, now_ms: int = 0,
+                  owner: str = "") -> Command:
     return Command(now_ms=now_ms, stream_create=raft_pb2.StreamCreate(
         config=config, replicas=list(replicas), primary=primary, fence_epoch=fence_epoch,
-        epoch_start_seq=epoch_start_seq))
+        epoch_start_seq=epoch_start_seq, owner=owner))
 
 
 def stream_update(*, name: str, config: types_pb2.StreamConfig | None = None,
@@ -104,6 +105,36 @@ def consumer_state_update(*, updates: Iterable[raft_pb2.ConsumerProgress], now_m
                           ) -> Command:
     return Command(now_ms=now_ms, consumer_state_update=raft_pb2.ConsumerStateUpdate(
         updates=list(updates)))
+
+
+def consumer_state_set(*, stream: str, consumer: str, ack_floor: int, acked: Iterable[int],
+                       delivered_seq: int, commit_seq: int, fence_epoch: int = 0,
+                       expect: consumers_pb2.ConsumerStateExpect | None = None,
+                       now_ms: int = 0) -> Command:
+    """`commit_seq`: the stream's committed end on the proposer (no value may pass it);
+    `fence_epoch`: the proposing primary's (0 = not checked); `expect`: the state the consumer
+    must still have (None = not compared)."""
+    request = raft_pb2.ConsumerStateSet(
+        stream=stream, consumer=consumer, ack_floor=ack_floor, acked=sorted(acked),
+        delivered_seq=delivered_seq, commit_seq=commit_seq, fence_epoch=fence_epoch)
+    if expect is not None:
+        request.expect.CopyFrom(expect)
+    return Command(now_ms=now_ms, consumer_state_set=request)
+
+
+def user_put(*, user: raft_pb2.UserRecord, create: bool, now_ms: int = 0) -> Command:
+    """`create`: a new user (USER_EXISTS if taken); else a replace of its rules, tokens kept."""
+    return Command(now_ms=now_ms, user_put=raft_pb2.UserPut(user=user, create=create))
+
+
+def user_delete(*, name: str, now_ms: int = 0) -> Command:
+    return Command(now_ms=now_ms, user_delete=raft_pb2.UserDelete(name=name))
+
+
+def user_tokens(*, name: str, add: Iterable[raft_pb2.TokenRecord] = (),
+                keep_newest_only: bool = False, now_ms: int = 0) -> Command:
+    return Command(now_ms=now_ms, user_tokens=raft_pb2.UserTokens(
+        name=name, add=list(add), keep_newest_only=keep_newest_only))
 
 
 def barrier(*, now_ms: int = 0) -> Command:

@@ -144,6 +144,8 @@ class RaftGroup(AppliedState, ElectionGuard, SnapshotIO):
                                  loop=loop or running_loop_or_none())
         AppliedState.__init__(self)
         self._failure = ""
+        # Told how long each proposal took, failed ones included (the node's metrics), or None.
+        self.on_proposal: Callable[[float], None] | None = None
         self._closed = False
         self._calls = PendingCalls()
         self._membership_lock: asyncio.Lock | None = None
@@ -190,8 +192,14 @@ class RaftGroup(AppliedState, ElectionGuard, SnapshotIO):
         `raftlog.raft.api` for what the errors mean). Stamps `now_ms` when 0."""
         self._check_usable()
         data = encode_command(stamped(command, now_ms=self._clock.wall_ms()))
-        result = await self._calls.call(lambda cb: self._obj.apply_command(data, callback=cb),
-                                  timeout_s=timeout_s, what="proposal")
+        started_s = self._clock.monotonic_s()
+        try:
+            result = await self._calls.call(
+                lambda cb: self._obj.apply_command(data, callback=cb),
+                timeout_s=timeout_s, what="proposal")
+        finally:
+            if self.on_proposal is not None:
+                self.on_proposal(self._clock.monotonic_s() - started_s)
         if not isinstance(result, raft_pb2.RaftResult):
             raise InvariantViolation(f"raft: a proposal returned {type(result).__name__}")
         return result
@@ -279,13 +287,17 @@ class RaftGroup(AppliedState, ElectionGuard, SnapshotIO):
         return GroupStatus(
             self_address=self.self_address, term=raw["raft_term"],
             is_leader=raw["state"] == 2, leader=None if leader is None else str(leader.id),
-            commit_index=raw["commit_idx"], applied_index=raw["last_applied"],
+            # pysyncobj counts an entry applied only after the callbacks that resolve proposals;
+            # ours is set before them, so a caller never sees its own result unapplied.
+            commit_index=raw["commit_idx"],
+            applied_index=max(raw["last_applied"], self.journal.applied_index),
             log_entries=raw["log_len"], has_quorum=raw["has_quorum"], ready=self.is_ready(),
             peers=peers,
             journal={**self.journal.counters,
                      "truncation_logs_suppressed": TRUNCATION_LOG_FILTER.suppressed,
                      "refused_frames": TRANSPORT_CODEC.refused + LOG_CODEC.refused,
-                     "events_dropped": self._events.dropped, **self.election_counters},
+                     "events_dropped": self._events.dropped,
+                     "early_appends": self._obj.raftlog_early_sends, **self.election_counters},
             failure=self._failure,
         )
 

@@ -31,6 +31,7 @@ re-added entries that were identical or different from what was truncated at tha
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Any, overload
 
 from rocksdict import Rdict, WriteBatch
@@ -51,6 +52,29 @@ NO_OP_COMMAND = b"\x01"  # pysyncobj's _COMMAND_TYPE.NO_OP entry
 
 def _key(index: int) -> bytes:
     return _U64.pack(index)
+
+
+def _entry(key: bytes, value: bytes) -> Entry:
+    if len(key) != _U64.size or len(value) < _U64.size:
+        raise InvariantViolation(f"raft journal: malformed record at key {key!r}")
+    return (bytes(value[_U64.size:]), _U64.unpack(key)[0], _U64.unpack(value[:_U64.size])[0])
+
+
+def stored_commit_index(meta: Any) -> int:
+    """The commit index a journal's meta column family holds, read as `RocksJournal` reads it
+    at start (1 when none is stored). It is stored lazily: up to a second behind the group's."""
+    raw = meta.get(_META_COMMIT)
+    return 1 if raw is None else int(_U64.unpack(raw)[0])
+
+
+def stored_entries(log: Any, *, lower: int) -> Iterator[Entry]:
+    """The entries of a journal's log column family with index >= `lower`, ascending, one at a
+    time (for readers that leave the journal alone, e.g. raft/replay.py)."""
+    it = log.iter()
+    it.seek(_key(lower))
+    while it.valid():
+        yield _entry(it.key(), it.value())
+        it.next()
 
 
 class RocksJournal:
@@ -86,13 +110,11 @@ class RocksJournal:
     def _load_entries(self) -> list[Entry]:
         entries: list[Entry] = []
         for key, value in self._log.items():
-            if len(key) != _U64.size or len(value) < _U64.size:
-                raise InvariantViolation(f"raft journal: malformed record at key {key!r}")
-            index = _U64.unpack(key)[0]
-            if entries and index != entries[-1][1] + 1:
+            entry = _entry(key, value)
+            if entries and entry[1] != entries[-1][1] + 1:
                 raise InvariantViolation(
-                    f"raft journal: index {index} follows {entries[-1][1]} (a hole)")
-            entries.append((bytes(value[_U64.size:]), index, _U64.unpack(value[:_U64.size])[0]))
+                    f"raft journal: index {entry[1]} follows {entries[-1][1]} (a hole)")
+            entries.append(entry)
         return entries
 
     def _get_u64(self, key: bytes, *, default: int) -> int:

@@ -31,13 +31,16 @@ def write_snapshot_file(path: str, payload: bytes) -> int:
         return os.fstat(file.fileno()).st_ino
 
 
-def read_snapshot_file(path: str) -> raft_pb2.RaftSnapshot:
-    """Reads, checks and fsyncs (a snapshot just received must be durable before the journal
-    it replaces is cleared). Raises RaftlogError(CORRUPT_RECORD) on a bad file."""
+def read_snapshot_file(path: str, *, durable: bool = True) -> raft_pb2.RaftSnapshot:
+    """Reads, checks and, when `durable`, fsyncs (a snapshot just received must be durable
+    before the journal it replaces is cleared; a reader that changes nothing passes False).
+    Raises RaftlogError(CORRUPT_RECORD) on a bad file."""
     with open(path, "rb") as file:
         raw = file.read()
-        os.fsync(file.fileno())
-    fsync_directory(os.path.dirname(os.path.abspath(path)))
+        if durable:
+            os.fsync(file.fileno())
+    if durable:
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
     header_end = len(_SNAPSHOT_MAGIC) + _SNAPSHOT_HEADER.size
     if len(raw) < header_end or not raw.startswith(_SNAPSHOT_MAGIC):
         raise RaftlogError(Reason.CORRUPT_RECORD, f"{path}: not a raftlog snapshot")

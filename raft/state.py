@@ -3,7 +3,8 @@ cluster's metadata.
 
 Owns `apply(state, command) -> RaftResult`: it dispatches each kind of command to its handler,
 one module per concept: `state_members`, `state_streams` (streams, placement, promotes,
-authority overrides), `state_consumers`; `state_rules` holds what the handlers share.
+authority overrides), `state_consumers`, `state_users` (users and their tokens);
+`state_rules` holds what the handlers share.
 `state_model` holds `MetaState` and `check_invariants`; `state_snapshot` the snapshot codec.
 
 `apply` is pure and deterministic: no disk, network, clock, randomness or logging; time comes
@@ -21,6 +22,10 @@ Rules (tests/unit/test_raft_state.py has a test named after each):
   cannot leave (LAST_MEMBER); a member that still holds a stream cannot leave;
 - consumers belong to existing streams (STREAM_NOT_FOUND);
 - ack floors never go back: a lower floor is ignored, its acked seqs are still merged;
+- an operator's set of one consumer's progress (ConsumerStateSet) replaces it, floor included,
+  but never past the committed end the proposing primary names (PAST_COMMITTED_END), never
+  from a replaced primary (STALE_EPOCH), and with an expected state only while the consumer
+  still has it (CONSUMER_CHANGED);
 - deleting a stream deletes its consumers and its override;
 - a pinned override stays: promote moves authority only to its claimant, clearing is refused
   (STREAM_PINNED); pinning needs an override, unpinning a stream without one changes nothing.
@@ -32,7 +37,12 @@ from collections.abc import Callable
 
 from raftlog.base.errors import Reason
 from raftlog.internal import raft_pb2
-from raftlog.raft.state_consumers import consumer_create, consumer_delete, consumer_state_update
+from raftlog.raft.state_consumers import (
+    consumer_create,
+    consumer_delete,
+    consumer_state_set,
+    consumer_state_update,
+)
 from raftlog.raft.state_members import member_join, member_leave, member_set_status
 from raftlog.raft.state_model import MetaState
 from raftlog.raft.state_rules import Rejected, accepted, rejected
@@ -46,6 +56,7 @@ from raftlog.raft.state_streams import (
     stream_promotes,
     stream_update,
 )
+from raftlog.raft.state_users import user_delete, user_put, user_tokens
 
 
 def apply(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
@@ -79,5 +90,9 @@ _HANDLERS: dict[str, Callable[[MetaState, raft_pb2.RaftCommand], raft_pb2.RaftRe
     "consumer_create": consumer_create,
     "consumer_delete": consumer_delete,
     "consumer_state_update": consumer_state_update,
+    "consumer_state_set": consumer_state_set,
     "barrier": _barrier,
+    "user_put": user_put,
+    "user_delete": user_delete,
+    "user_tokens": user_tokens,
 }

@@ -1,6 +1,6 @@
-"""Consumers in the metadata state machine: create, delete, and progress (ack floors that
-never go back, acked seqs above them, delivered seqs) merged from batches of updates (the
-handlers `apply` calls).
+"""Consumers in the metadata state machine: create, delete, progress (ack floors that never
+go back, acked seqs above them, delivered seqs) merged from batches of updates, and an
+operator's set of one consumer's progress (the handlers `apply` calls).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from raftlog.raft.state_model import (
     consumers_per_stream_max,
 )
 from raftlog.raft.state_rules import (
+    Rejected,
     accepted,
     check_name,
     consumer_to_change,
@@ -105,3 +106,54 @@ def consumer_state_update(state: MetaState, command: raft_pb2.RaftCommand
         result.changed = result.changed or changed
         result.updates_applied += 1
     return result
+
+
+def consumer_state_set(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.RaftResult:
+    """Replaces one consumer's progress (an audit's repair): the only way a floor goes down.
+    Every check comes before the change: a rejected set changes nothing."""
+    request = command.consumer_state_set
+    stream = state.streams.get(request.stream)
+    if stream is None:
+        raise Rejected(Reason.STREAM_NOT_FOUND, f"stream {request.stream!r} not found")
+    require(not request.fence_epoch or request.fence_epoch >= stream.fence_epoch,
+            Reason.STALE_EPOCH, f"the set was proposed at fence epoch {request.fence_epoch}; "
+            f"{stream.name!r} is at {stream.fence_epoch} (its primary changed)")
+    current = state.consumers.get(stream.name, {}).get(request.consumer)
+    if current is None:
+        raise Rejected(Reason.CONSUMER_NOT_FOUND, f"consumer {request.consumer!r} of stream "
+                       f"{stream.name!r} not found")
+    floor, acked = _set_progress(request)
+    if request.HasField("expect"):
+        expect = request.expect
+        seen = (expect.delivered_seq, expect.ack_floor, expect.acked_count)
+        now = (current.delivered_seq, current.ack_floor, len(current.acked))
+        require(seen == now, Reason.CONSUMER_CHANGED,
+                f"consumer {request.consumer!r} of {stream.name!r} is at delivered seq {now[0]}, "
+                f"ack floor {now[1]} with {now[2]} acked above it; the repair expected "
+                f"{seen[0]}, {seen[1]}, {seen[2]}: audit again")
+    changed = (floor, acked, request.delivered_seq) != (current.ack_floor, current.acked,
+                                                        current.delivered_seq)
+    consumer_to_change(state, stream.name, request.consumer)  # drops its encoded record
+    current.ack_floor, current.acked = floor, acked
+    current.delivered_seq = request.delivered_seq
+    return accepted(changed=changed, stream=stream)
+
+
+def _set_progress(request: raft_pb2.ConsumerStateSet) -> tuple[int, set[int]]:
+    """The (floor, acked) a set leaves, normalised as a merge would; rejects values past the
+    committed end the command names, and an acked set over its limit."""
+    end = request.commit_seq
+    past = [name for name, value in (("ack floor", request.ack_floor),
+                                     ("delivered seq", request.delivered_seq),
+                                     ("acked seq", max(request.acked, default=0)))
+            if value > end]
+    require(not past, Reason.PAST_COMMITTED_END,
+            f"{', '.join(past)} past the committed end {end} of stream {request.stream!r}")
+    floor = request.ack_floor
+    acked = {seq for seq in request.acked if seq > floor}
+    while floor + 1 in acked:
+        floor += 1
+        acked.discard(floor)
+    require(len(acked) <= acked_above_floor_max, Reason.INVALID_ARGUMENT,
+            f"at most {acked_above_floor_max} acked seqs above the floor")
+    return floor, acked

@@ -30,6 +30,9 @@ cluster_streams_max = 10_000  # streams in the cluster
 replicas_max = 5  # replicas of one stream
 consumers_per_stream_max = 1_000
 acked_above_floor_max = 100_000  # acknowledged seqs above a consumer's ack floor
+users_max = 1_000  # users of the cluster (raft/state_users.py)
+tokens_per_user_max = 8  # tokens one user holds at once (a rotation adds one)
+user_patterns_max = 64  # subject patterns in one user's rules, all lists together
 
 
 ALIVE = raft_pb2.MEMBER_STATUS_ALIVE
@@ -69,6 +72,7 @@ class StreamAssignment:
     updated_ms: int
     override: Override | None = None
     epoch_history: list[tuple[int, int]] = field(default_factory=list)  # (epoch, start seq)
+    owner: str = ""  # the user whose call created it ("" = none): its max_bytes_stored counts it
 
 
 @dataclass
@@ -91,6 +95,8 @@ class MetaState:
     streams: dict[str, StreamAssignment] = field(default_factory=dict)
     consumers: dict[str, dict[str, ConsumerAssignment]] = field(default_factory=dict)
     next_stream_id: int = 1
+    # Users by name (raft/state_users.py); while empty, client calls need no credential.
+    users: dict[str, raft_pb2.UserRecord] = field(default_factory=dict)
     # Raft index of the last applied command; maintained by the group, not by `apply`.
     applied_index: int = 0
     # Snapshot records already encoded, kept between snapshots so a snapshot re-encodes only
@@ -123,6 +129,7 @@ def check_invariants(state: MetaState) -> None:
     indexed = {(primary, name) for primary, names in state.by_primary.items() for name in names}
     invariant(indexed == {(s.primary, s.name) for s in state.streams.values()},
               "the by-primary index does not match the streams' primaries")
+    _check_user_invariants(state)
     seen_ids: set[int] = set()
     for name, stream in state.streams.items():
         _check_stream_invariants(state, name, stream)
@@ -137,6 +144,15 @@ def check_invariants(state: MetaState) -> None:
                       f"consumer {name}/{consumer_name}: acked seq at or below the floor")
             invariant(consumer.ack_floor + 1 not in consumer.acked,
                       f"consumer {name}/{consumer_name}: floor not advanced over acked seqs")
+
+
+def _check_user_invariants(state: MetaState) -> None:
+    hashes: set[str] = set()
+    for name, user in state.users.items():
+        invariant(name == user.name, f"user key {name!r} != {user.name!r}")
+        for token in user.tokens:
+            invariant(token.sha256 not in hashes, f"user {name!r}: a token hash is reused")
+            hashes.add(token.sha256)
 
 
 def _check_stream_invariants(state: MetaState, name: str, stream: StreamAssignment) -> None:

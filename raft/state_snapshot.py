@@ -24,6 +24,7 @@ def to_snapshot(state: MetaState) -> raft_pb2.RaftSnapshot:
     snapshot = raft_pb2.RaftSnapshot(last_applied_index=state.applied_index,
                                      next_stream_id=state.next_stream_id)
     _add_members(snapshot, state)
+    _add_users(snapshot, state)
     for name in sorted(state.streams):
         snapshot.streams.append(_stream_record(state.streams[name]))
     for stream_name in sorted(state.consumers):
@@ -59,6 +60,9 @@ def encode_snapshot(state: MetaState, *, last_applied_index: int | None = None) 
                                           ).SerializeToString()
                 state.encoded_consumers[key] = record
             parts += (_CONSUMERS_TAG, _varint(len(record)), record)
+    tail = raft_pb2.RaftSnapshot()
+    _add_users(tail, state)  # field 6 follows the consumers (5), as to_snapshot orders them
+    parts.append(tail.SerializeToString())
     return b"".join(parts)
 
 
@@ -87,6 +91,12 @@ def _add_members(snapshot: raft_pb2.RaftSnapshot, state: MetaState) -> None:
         )
 
 
+def _add_users(snapshot: raft_pb2.RaftSnapshot, state: MetaState) -> None:
+    """Users are re-encoded every time: there are few, and they change rarely."""
+    for name in sorted(state.users):
+        snapshot.users.append(state.users[name])
+
+
 def _stream_record(stream: StreamAssignment) -> raft_pb2.StreamAssignment:
     record = raft_pb2.StreamAssignment(
         name=stream.name, stream_id=stream.stream_id, config=stream.config,
@@ -95,6 +105,7 @@ def _stream_record(stream: StreamAssignment) -> raft_pb2.StreamAssignment:
         updated_ms=stream.updated_ms,
         epoch_history=[raft_pb2.EpochStart(fence_epoch=epoch, start_seq=start_seq)
                        for epoch, start_seq in stream.epoch_history],
+        owner=stream.owner,
     )
     if stream.override is not None:
         record.override.CopyFrom(raft_pb2.AuthorityOverride(
@@ -123,6 +134,10 @@ def from_snapshot(snapshot: raft_pb2.RaftSnapshot) -> MetaState:
             grpc_address=member.grpc_address, status=member.status, since_ms=member.since_ms,
             joined_ms=member.joined_ms, peer_address=member.peer_address,
         )
+    for user in snapshot.users:
+        kept = raft_pb2.UserRecord()
+        kept.CopyFrom(user)
+        state.users[user.name] = kept
     for record in snapshot.streams:
         state.streams[record.name] = _stream_from_record(record)
         state.consumers[record.name] = {}
@@ -154,4 +169,5 @@ def _stream_from_record(record: raft_pb2.StreamAssignment) -> StreamAssignment:
         fence_epoch=record.fence_epoch, epoch_start_seq=record.epoch_start_seq,
         created_ms=record.created_ms, updated_ms=record.updated_ms, override=override,
         epoch_history=[(entry.fence_epoch, entry.start_seq) for entry in record.epoch_history],
+        owner=record.owner,
     )

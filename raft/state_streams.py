@@ -26,6 +26,7 @@ from raftlog.raft.state_rules import (
     start_epoch,
     stream_to_change,
 )
+from raftlog.raft.state_users import check_storage
 from raftlog.v1 import types_pb2
 
 
@@ -38,6 +39,7 @@ def stream_create(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.R
             f"the cluster holds at most {cluster_streams_max} streams")
     replicas = tuple(create.replicas)
     check_placement(state, replicas, create.primary)
+    check_storage(state, owner=create.owner, stream=name, max_bytes=create.config.max_bytes)
     epoch = create.fence_epoch or 1
     start_seq = create.epoch_start_seq or 1
     config = types_pb2.StreamConfig()
@@ -46,6 +48,7 @@ def stream_create(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.R
         name=name, stream_id=state.next_stream_id, config=config, replicas=replicas,
         primary=create.primary, fence_epoch=epoch, epoch_start_seq=start_seq,
         created_ms=command.now_ms, updated_ms=command.now_ms, epoch_history=[(epoch, start_seq)],
+        owner=create.owner,
     )
     state.next_stream_id += 1
     state.streams[name] = stream
@@ -65,6 +68,8 @@ def stream_update(state: MetaState, command: raft_pb2.RaftCommand) -> raft_pb2.R
     check_placement(state, replicas, stream.primary)
     changed = replicas != stream.replicas
     if update.HasField("config") and update.config != stream.config:
+        check_storage(state, owner=stream.owner, stream=stream.name,
+                      max_bytes=update.config.max_bytes)
         stream.config = types_pb2.StreamConfig()
         stream.config.CopyFrom(update.config)
         changed = True

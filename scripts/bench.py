@@ -20,6 +20,9 @@ The peer run, the ratios and the table live in scripts/bench_report.py.
     scripts/bench --quick         small counts (about 30 s without the peer)
     scripts/bench --no-peer       skip JetStream
     scripts/bench --replicas 3 --failover   R3 and the failover trials (issue 4), ~10 minutes
+    scripts/bench --replicas 3 --no-peer --profile 'fetch+ack, batch 100'
+                                  py-spy flame graphs of each node for that phase
+                                  (scripts/bench_profile.py; into ./bench-profiles)
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_failover  # scripts/ is sys.path[0]
+import bench_profile
 import bench_report
 import grpc
 
@@ -114,6 +118,10 @@ class BenchNode:
         self.log_path = workdir / "node.log"
         self.address = f"127.0.0.1:{_free_port()}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.profiler: bench_profile.PhaseProfiler | None = None
+
+    def pids(self) -> dict[str, int]:
+        return {} if self.proc is None else {"node": self.proc.pid}
 
     def start(self) -> BenchNode:
         command = [
@@ -187,6 +195,10 @@ class BenchCluster:
         self.base_port = _free_base_port(localcluster.ports_per_node * nodes)
         self.address = f"127.0.0.1:{self.base_port}"
         self.started: list[localcluster.LocalNode] = []
+        self.profiler: bench_profile.PhaseProfiler | None = None
+
+    def pids(self) -> dict[str, int]:
+        return {node.node_id: node.pid for node in self.started}
 
     def start(self) -> BenchCluster:
         self.started = localcluster.up(nodes=self.nodes, base_port=self.base_port,
@@ -236,7 +248,11 @@ async def _measure(name: str, node: BenchNode | BenchCluster, phase: Phase
     os.sync()
     await asyncio.sleep(settle_s)
     node_cpu_s, client_cpu_s = node.cpu_s(), time.process_time()
-    result = await phase()
+    if node.profiler is None:
+        result = await phase()
+    else:
+        async with node.profiler.around(name, node.pids()):
+            result = await phase()
     summary = result.summary()
     if result.elapsed_s > 0:
         summary["server_cpu_pct"] = round(100 * (node.cpu_s() - node_cpu_s) / result.elapsed_s, 1)
@@ -375,9 +391,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failover", action="store_true",
                         help="also kill -9 the primary of an R3 stream under a publisher, "
                         "10 trials (3 with --quick; issue 4)")
+    parser.add_argument("--profile", metavar="PHASE", default="",
+                        help="write a py-spy flame graph of each node for every phase whose "
+                             "name contains PHASE, e.g. 'fetch+ack, batch 100' "
+                             "(scripts/bench_profile.py)")
+    parser.add_argument("--profile-dir", type=Path, default=Path("bench-profiles"),
+                        help="where the profiles go (default ./bench-profiles)")
+    parser.add_argument("--profile-mode", choices=bench_profile.MODES, default="cpu",
+                        help="cpu (default), gil (the GIL holder only) or idle (waits too)")
+    parser.add_argument("--profile-format", choices=bench_profile.FORMATS,
+                        default="flamegraph",
+                        help="flamegraph (.svg), raw (collapsed stacks, .txt) or both")
     args = parser.parse_args(argv)
     if args.replicas not in (1, 3, 5):
         parser.error("--replicas: 1, 3 or 5")
+    profiler = None
+    if args.profile:
+        profiler = bench_profile.PhaseProfiler(
+            phase=args.profile, out_dir=args.profile_dir, mode=args.profile_mode,
+            output_format=args.profile_format, executable=bench_profile.py_spy())
     plan = QUICK if args.quick else FULL
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as workdir:
@@ -389,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             node = BenchCluster(Path(workdir), nodes=args.replicas)
             _log(f"starting a {args.replicas}-node cluster from {node.address} "
                  f"(data in {workdir})")
+        node.profiler = profiler
         node.start()
         try:
             raftlog = asyncio.run(run_raftlog(node, plan, replicas=args.replicas))
@@ -419,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             "grpcio": grpc.__version__,
             "host": bench_report.host(),
             "duration_s": round(time.monotonic() - started, 1),
+            "profiles": [] if profiler is None else [str(path) for path in profiler.written],
         },
         "raftlog": raftlog,
         "jetstream": js,

@@ -15,6 +15,7 @@ A table goes to stderr, ONE JSON document to stdout; the cluster is stopped by p
 
     scripts/bench-streams                    10,000 streams (about 10-20 minutes)
     scripts/bench-streams --streams 1000     a smaller run
+    scripts/bench-streams --tls              the same over TLS (compare with a plain run)
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ class Nodes:
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.indexes = sorted(cluster.running)
-        self.channels = {i: grpc.aio.insecure_channel(cluster.address(i)) for i in self.indexes}
+        self.channels = {i: (grpc.aio.secure_channel(cluster.address(i),
+                                                     cluster.tls_credentials())
+                             if cluster.tls else grpc.aio.insecure_channel(cluster.address(i)))
+                         for i in self.indexes}
 
     def streams(self, i: int) -> Any:
         return streams_pb2_grpc.StreamsStub(self.channels[i])  # type: ignore[no-untyped-call]
@@ -238,18 +242,21 @@ async def until_writable(cluster: LocalCluster, names: list[str], *, since: floa
     return last[0], ok, failures
 
 
-def run(streams: int, concurrency: int, idle_s: float) -> dict[str, Any]:
+def run(streams: int, concurrency: int, idle_s: float, *, tls: bool = False
+        ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="raftlog-bench-streams-") as workdir:
-        return run_in(Path(workdir), streams, concurrency, idle_s)
+        return run_in(Path(workdir), streams, concurrency, idle_s, tls=tls)
 
 
-def run_in(workdir: Path, streams: int, concurrency: int, idle_s: float) -> dict[str, Any]:
-    """The whole benchmark with the cluster's data under WORKDIR (the tests use it too)."""
+def run_in(workdir: Path, streams: int, concurrency: int, idle_s: float, *,
+           tls: bool = False) -> dict[str, Any]:
+    """The whole benchmark with the cluster's data under WORKDIR (the tests use it too).
+    `tls`: the cluster serves TLS (as `raftlog cluster up --tls`), the client connects so."""
     document: dict[str, Any] = {"schema": SCHEMA, "meta": {
         "streams": streams, "concurrency": concurrency, "idle_s": idle_s,
-        "nproc": os.cpu_count()}}
+        "nproc": os.cpu_count(), "tls": tls}}
     names = [_name(k) for k in range(streams)]
-    cluster = LocalCluster(workdir / "cluster", nodes=3)
+    cluster = LocalCluster(workdir / "cluster", nodes=3, tls=tls)
     try:
         cluster.start_all(timeout_s=ready_timeout_s)
         term0 = max(cluster.raft_terms(), default=0)
@@ -320,9 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--idle-s", type=float, default=30.0)
+    parser.add_argument("--tls", action="store_true",
+                        help="every port TLS (mutual on the peer listeners; docs/tls.md)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
-    document = run(args.streams, args.concurrency, args.idle_s)
+    document = run(args.streams, args.concurrency, args.idle_s, tls=args.tls)
     print(table(document), file=sys.stderr)
     print(json.dumps(document, indent=2))
     bad = (document["writable"]["acked"] < args.streams

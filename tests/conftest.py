@@ -1,6 +1,7 @@
 """Shared fixtures (real node processes on loopback, cleaned up after each test) and the cost
-markers: every test under tests/unit, tests/engine or tests/process gets the marker `unit`,
-`engine` or `process` from its directory, so `scripts/test -m unit` selects by cost."""
+markers: every test under tests/unit, tests/engine, tests/process or tests/audit gets the marker
+`unit`, `engine`, `process` or `spark` from its directory, so `scripts/test -m unit` selects by
+cost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from raftlog.v1 import consumers_pb2_grpc, streams_pb2_grpc
 pytest_plugins = ["tests.conftest_cluster"]
 
 # tests/<directory>/ -> the marker its tests get (registered in pyproject.toml).
-COST_MARKERS = ("unit", "engine", "process")
+COST_MARKERS = {"unit": "unit", "engine": "engine", "process": "process", "audit": "spark"}
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -28,7 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         except ValueError:
             continue
         if len(relative.parts) > 1 and relative.parts[0] in COST_MARKERS:
-            item.add_marker(relative.parts[0])
+            item.add_marker(COST_MARKERS[relative.parts[0]])
 
 
 @pytest.fixture
@@ -51,3 +52,34 @@ class Clients:
 def clients(node_proc: NodeProcess) -> Iterator[Clients]:
     with node_proc.channel() as channel:
         yield Clients(channel)
+
+
+# Per node of a failed test's cluster: whether its process still runs, and its log's end.
+failure_log_tail_chars = 4_000
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a LocalCluster gets a "raftlog nodes" report section: each
+    node's pid, whether it is alive (or its exit code) and the end of its log, so a CI
+    failure says whether a node died under the test and why."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    from raftlog.chaos.cluster import LocalCluster
+
+    funcargs = getattr(item, "funcargs", {})
+    lines: list[str] = []
+    for name, value in funcargs.items():
+        if not isinstance(value, LocalCluster):
+            continue
+        for i, node in sorted(value.nodes.items()):
+            process = node.process
+            code = process.poll() if process is not None else None
+            state = "running" if code is None else f"exited with {code}"
+            lines.append(f"--- {name} n{i} (pid {node.pid}, {state}, "
+                         f"{'in' if i in value.running else 'not in'} running) ---")
+            lines.append(node.log_tail()[-failure_log_tail_chars:])
+    if lines:
+        report.sections.append(("raftlog nodes", "\n".join(lines)))

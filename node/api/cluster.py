@@ -1,6 +1,8 @@
 """The admin `Cluster` service: status, membership changes, route explanations, authority
-overrides, cluster-wide stream stats and the watch stream, each handed to the operations
-(node/ops). Calls that change membership or placement need the cluster credential first."""
+overrides, cluster-wide stream stats, the watch stream, the audit export and the audit's
+consumer repair, each handed to the operations (node/ops). Calls that change membership,
+placement or a consumer's committed state, and the audit export, need the cluster credential
+first."""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from raftlog.v1 import cluster_pb2, cluster_pb2_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _SERVICE_PREFIX = "/" + cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name + "/"
-# The calls that change membership or placement: they need the cluster credential.
+# The calls that change membership, placement or a consumer's committed state, and the audit
+# export (it hands out every stored record): they need the cluster credential.
 ADMIN_METHODS = frozenset({"JoinNode", "LeaveNode", "MigrateStream", "RebalanceStreams",
-                           "ClearStreamAuthority", "SetStreamPinned"})
+                           "ClearStreamAuthority", "SetStreamPinned", "ExportAudit",
+                           "SetConsumerState"})
 
 
 def admin_metadata(credential: Credential, method: str) -> tuple[tuple[str, str], ...]:
@@ -36,6 +40,8 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
     def __init__(self, ops: ClusterOperations, credential: Credential) -> None:
         self._membership = ops.membership
         self._views = ops.views
+        self._audit = ops.audit
+        self._consumer_state = ops.consumer_state
         self._credential = credential
 
     def _require_admin(self, context: Context, method: str) -> None:
@@ -46,7 +52,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
         try:
             self._credential.verify(token, method=f"{_SERVICE_PREFIX}{method}")
         except RaftlogError as err:
-            raise RaftlogError(Reason.UNAUTHENTICATED, f"{method} changes the cluster: "
+            raise RaftlogError(Reason.UNAUTHENTICATED, f"{method} needs the cluster credential: "
                                f"{err.message} (give the CLI --secret-file FILE or set "
                                "RAFTLOG_SECRET_FILE)", method=method) from None
 
@@ -112,3 +118,16 @@ class ClusterService(cluster_pb2_grpc.ClusterServicer):
                            context: Context) -> AsyncIterator[cluster_pb2.WatchEvent]:
         async for event in self._views.watch():
             yield event
+
+    @rpc.unary
+    async def SetConsumerState(self, request: cluster_pb2.SetConsumerStateRequest,
+                               context: Context) -> cluster_pb2.SetConsumerStateResponse:
+        self._require_admin(context, "SetConsumerState")
+        return await self._consumer_state.set_state(request, Call.from_grpc(context))
+
+    @rpc.server_stream
+    async def ExportAudit(self, request: cluster_pb2.ExportAuditRequest,
+                          context: Context) -> AsyncIterator[cluster_pb2.ExportAuditChunk]:
+        self._require_admin(context, "ExportAudit")
+        async for chunk in self._audit.export(request):
+            yield chunk

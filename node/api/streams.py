@@ -83,3 +83,23 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
     async def PublishStream(self, request_iterator: AsyncIterator[streams_pb2.PublishRequest],
                             context: Context) -> streams_pb2.PublishBatchResponse:
         return await self._ops.publish_stream(request_iterator, Call.from_grpc(context))
+
+    @rpc.unary
+    async def ReadMessages(self, request: streams_pb2.ReadMessagesRequest,
+                           context: Context) -> streams_pb2.ReadMessagesResponse:
+        return await self._ops.read_messages(request, Call.from_grpc(context))
+
+    @rpc.unary
+    async def GetStreamSources(self, request: streams_pb2.GetStreamSourcesRequest,
+                               context: Context) -> streams_pb2.GetStreamSourcesResponse:
+        return await self._ops.sources(request, Call.from_grpc(context))
+
+    @rpc.unary
+    async def ListScheduled(self, request: streams_pb2.ListScheduledRequest,
+                            context: Context) -> streams_pb2.ListScheduledResponse:
+        return await self._ops.scheduled().list(request, Call.from_grpc(context))
+
+    @rpc.unary
+    async def CancelScheduled(self, request: streams_pb2.CancelScheduledRequest,
+                              context: Context) -> streams_pb2.CancelScheduledResponse:
+        return await self._ops.scheduled().cancel(request, Call.from_grpc(context))

@@ -11,9 +11,12 @@ consumers, replication or cluster packages.
 - `format`      parsing and rendering (pure).
 - `client`      a small asyncio client of one node.
 - `loadgen`     load generators for `raftlog pub --count` and the benchmarks.
+- `numaflow`    `raftlog numaflow-source`, a Numaflow user-defined source sidecar; its server
+                `numaflow_source` (loaded only when the command runs) calls the cluster as a client.
 - `localcluster` N node processes on loopback: the lifecycle (up, status, down), with
                 `localcluster_layout` (directory, ports, command lines), `localcluster_procs`
                 (pid files, /proc checks, stopping) and `localcluster_wait` (health, readiness).
+- `certs`       a local CA and certificates for `cluster up --tls`.
 """
 
 from raftlog.node.cli.main import main

@@ -18,12 +18,17 @@ from typing import Any
 import grpc
 
 from raftlog.node.cli import format as fmt
+from raftlog.node.cli.bearer import TOKEN_ENV
 from raftlog.node.cli.client import (
     SECRET_FILE_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
     Client,
     call_timeout_s_default,
     default_server,
     describe_failure,
+    tls_credentials,
 )
 from raftlog.node.transport.credentials import Credential, WeakSecret, read_secret_file
 
@@ -73,14 +78,42 @@ def common_options(*, per_command: bool) -> argparse.ArgumentParser:
         dest="admin_secret_file",
         metavar="FILE",
         type=Path,
-        default=default(_env_path(SECRET_FILE_ENV)),
+        default=default(env_path(SECRET_FILE_ENV)),
         help="the cluster secret, for calls that change membership or placement "
         "(default: $RAFTLOG_SECRET_FILE)",
     )
+    group.add_argument(
+        "--token",
+        dest="user_token",
+        metavar="TOKEN",
+        default=default(os.environ.get(TOKEN_ENV) or None),
+        help="a user's token, sent on every call once the cluster has users (default: "
+        f"${TOKEN_ENV}; docs/auth.md)",
+    )
+    for flag, env, what in (("--tls-ca", TLS_CA_ENV, "connect over TLS, trusting this CA"),
+                            ("--tls-cert", TLS_CERT_ENV, "a client certificate to present"),
+                            ("--tls-key", TLS_KEY_ENV, "its private key")):
+        group.add_argument(flag, dest=f"client_{flag[2:].replace('-', '_')}", metavar="FILE",
+                           type=Path, default=default(env_path(env)),
+                           help=f"{what} (PEM; default ${env}; docs/tls.md)")
     return options
 
 
-def _env_path(name: str) -> Path | None:
+def tls_from(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """The TLS credentials of --tls-ca/--tls-cert/--tls-key, None without them; UsageError
+    when they cannot be used."""
+    try:
+        return tls_credentials(ca=getattr(args, "client_tls_ca", None),
+                               cert=getattr(args, "client_tls_cert", None),
+                               key=getattr(args, "client_tls_key", None))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read a TLS file: {exc}") from None
+
+
+def env_path(name: str) -> Path | None:
+    """The path an environment variable names, None when it is unset or empty."""
     value = os.environ.get(name, "")
     return Path(value) if value else None
 
@@ -188,7 +221,8 @@ def with_client(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 async def _call(handler: Handler, args: argparse.Namespace) -> int:
     async with Client(args.server, timeout_s=args.timeout or None,
-                      credential=credential_from(args)) as client:
+                      credential=credential_from(args), tls=tls_from(args),
+                      token=getattr(args, "user_token", None)) as client:
         try:
             return await handler(client, args)
         except grpc.RpcError as exc:

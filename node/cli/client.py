@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -18,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from raftlog.base import limits
+from raftlog.node.cli import bearer
 from raftlog.node.cli.format import error_text
 from raftlog.node.transport.credentials import ADMIN_TOKEN_HEADER, Credential
 from raftlog.node.transport.rpc import from_rpc_error
@@ -25,6 +27,9 @@ from raftlog.v1 import cluster_pb2, consumers_pb2_grpc, streams_pb2_grpc
 
 SERVER_ENV = "RAFTLOG_SERVER"
 SECRET_FILE_ENV = "RAFTLOG_SECRET_FILE"
+TLS_CA_ENV = "RAFTLOG_TLS_CA"
+TLS_CERT_ENV = "RAFTLOG_TLS_CERT"
+TLS_KEY_ENV = "RAFTLOG_TLS_KEY"
 CLUSTER_SERVICE = cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name
 server_default = "127.0.0.1:7400"
 call_timeout_s_default = 10.0
@@ -46,11 +51,19 @@ class Client:
     """`async with Client("127.0.0.1:7400", timeout_s=10) as client: await client.streams...`"""
 
     def __init__(self, address: str, *, timeout_s: float | None = call_timeout_s_default,
-                 credential: Credential | None = None) -> None:
+                 credential: Credential | None = None,
+                 tls: grpc.ChannelCredentials | None = None, token: str | None = None) -> None:
+        """`tls`: connect over TLS with these credentials (`tls_credentials`); None:
+        plaintext. `token`: a user's bearer token, sent on every call (docs/auth.md)."""
         self.address = address
         self.timeout_s = timeout_s
         self.credential = credential
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        sent = bearer.interceptors(token)
+        self.channel = (grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS,
+                                                  interceptors=sent)
+                        if tls is None else
+                        grpc.aio.secure_channel(address, tls, options=_CHANNEL_OPTIONS,
+                                                interceptors=sent))
         # Generated *_pb2_grpc modules have no .pyi and set their methods in __init__: to mypy
         # the stubs are Any (the request and response messages are typed).
         self.streams: Any = streams_pb2_grpc.StreamsStub(self.channel)  # type: ignore[no-untyped-call]
@@ -102,6 +115,24 @@ class Client:
         await self.close()
 
 
+def tls_credentials(*, ca: Path | None, cert: Path | None, key: Path | None
+                    ) -> grpc.ChannelCredentials | None:
+    """TLS credentials trusting the CA in `ca` (PEM), presenting `cert` with `key` when both
+    are given; None when no file is named (plaintext). Raises ValueError for a partial set,
+    OSError for a file that cannot be read."""
+    if ca is None and cert is None and key is None:
+        return None
+    if ca is None:
+        raise ValueError("--tls-cert and --tls-key need --tls-ca (the CA the node's "
+                         "certificate chains to)")
+    if (cert is None) != (key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca.read_bytes(),
+        private_key=key.read_bytes() if key is not None else None,
+        certificate_chain=cert.read_bytes() if cert is not None else None)
+
+
 def describe_failure(exc: grpc.RpcError, *, address: str) -> str:
     """One line for stderr, starting with `error: `."""
     err = from_rpc_error(exc)
@@ -116,7 +147,7 @@ def describe_failure(exc: grpc.RpcError, *, address: str) -> str:
         return (
             f"error: cannot reach {address}{cause}; is a node running there? "
             f"(start one with `raftlog node --data DIR --grpc {address}`, or pass --server / "
-            f"set {SERVER_ENV})"
+            f"set {SERVER_ENV}){_tls_hint(details)}"
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"error: DEADLINE_EXCEEDED: no answer from {address} in time (see --timeout)"
@@ -124,6 +155,15 @@ def describe_failure(exc: grpc.RpcError, *, address: str) -> str:
         return f"error: UNIMPLEMENTED: {address} does not serve this call ({details})"
     name = code.name if code is not None else "UNKNOWN"
     return f"error: {name}: {details or exc}"
+
+
+def _tls_hint(details: str) -> str:
+    """A closed socket or a failed handshake is what a TLS mismatch looks like."""
+    lowered = details.lower()
+    if any(needle in lowered for needle in ("socket closed", "handshake", "ssl", "tls")):
+        return (f"; if the node serves TLS, pass --tls-ca FILE (or set {TLS_CA_ENV}), and "
+                "--tls-cert/--tls-key if it requires a client certificate (docs/tls.md)")
+    return ""
 
 
 def _connect_cause(details: str) -> str:

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from raftlog.node.cli import certs, localcluster
 from raftlog.node.cli import format as fmt
-from raftlog.node.cli import localcluster
 from raftlog.node.cli.base import (
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_USAGE,
     emit,
     positive,
     seconds,
@@ -47,6 +48,16 @@ def add_local_commands(cluster: Any) -> None:
     up.add_argument(
         "--no-wait", action="store_true", help="return once started, without waiting for Raft"
     )
+    up.add_argument("--tls", action="store_true",
+                    help="serve TLS: a CA and node certificates under DIR/tls (docs/tls.md)")
+    up.add_argument("--tls-client-auth", choices=["none", "require"], default="none",
+                    help="with --tls: whether client ports require a client certificate "
+                    "(default none)")
+    up.add_argument("--log-format", choices=["text", "json"], default="text",
+                    help="the nodes' log format, in DIR/n*.log (default text; docs/logging.md)")
+    up.add_argument("--metrics-base-port", type=positive, default=None, metavar="P",
+                    help="node i serves Prometheus metrics on its host at port P+i-1 "
+                    "(default: none; docs/metrics.md)")
     up.add_argument(
         "--ready-timeout",
         type=typed(seconds),
@@ -68,11 +79,18 @@ def add_local_commands(cluster: Any) -> None:
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
+    if args.tls_client_auth != "none" and not args.tls:
+        warn("error: --tls-client-auth needs --tls")
+        return EXIT_USAGE
+    node_args = [*(["--log-format", "json"] if args.log_format == "json" else []),
+                 *(["--tls-client-auth", args.tls_client_auth] if args.tls else [])]
     nodes = localcluster.up(
         nodes=args.nodes,
         base_port=args.base_port,
         data_dir=args.data,
         secret_file=args.secret_file,
+        extra_args=lambda spec: [*node_args, *_metrics_args(spec, args.metrics_base_port)],
+        tls=args.tls,
     )
     ready: cluster_pb2.ClusterStatus | None = None
     failure: localcluster.LocalClusterError | None = None
@@ -98,8 +116,20 @@ def _cluster_up(args: argparse.Namespace) -> int:
     secret = args.secret_file or nodes[0].spec.secret_path
     warn(f"admin calls (join, leave, migrate, pin, rebalance) need the cluster secret: "
          f"export RAFTLOG_SECRET_FILE={secret}")
+    if args.tls:
+        client = certs.paths_of(root, certs.CLIENT_NAME)
+        warn(f"TLS on: connect with --tls-ca {client.ca} (or export "
+             f"RAFTLOG_TLS_CA={client.ca}); a client certificate: --tls-cert {client.cert} "
+             f"--tls-key {client.key}")
     warn(f"stop with: raftlog cluster down --data {root}")
     return EXIT_OK
+
+
+def _metrics_args(spec: localcluster.NodeSpec, base_port: int | None) -> list[str]:
+    """Node i's --metrics flag: port base_port + i - 1 on its host (none without a base)."""
+    if base_port is None:
+        return []
+    return ["--metrics", f"{spec.host}:{base_port + spec.index - 1}"]
 
 
 def _cluster_secret(args: argparse.Namespace) -> int:
@@ -113,6 +143,7 @@ def _local_node_dict(node: localcluster.LocalNode) -> dict[str, object]:
         "grpc_address": node.grpc_address,
         "raft_address": node.raft_address,
         "peer_address": node.spec.peer_address,
+        "metrics_address": node.record().metrics_address,
         "pid": node.pid,
         "log": str(node.log_path),
         "data_dir": str(node.spec.data_dir),

@@ -21,6 +21,7 @@ from raftlog.node.cli.base import (
     common_options,
     emit,
     leaf,
+    tls_from,
     typed,
     warn,
 )
@@ -57,7 +58,8 @@ def _cluster_status(args: argparse.Namespace) -> int:
     local = localcluster.status(args.data) if args.data is not None else None
     server = _status_server(args.server, local)
     try:
-        answer = asyncio.run(_get_status(server, timeout_s=args.timeout or None))
+        answer = asyncio.run(_get_status(server, timeout_s=args.timeout or None,
+                                         tls=tls_from(args)))
     except grpc.RpcError as exc:
         if local is not None:
             emit(args, {"local": _local_dicts(local)}, lambda: _local_table(local))
@@ -78,8 +80,9 @@ def _status_server(server: str, local: Sequence[localcluster.NodeProcessStatus] 
     return server if server in running or not running else running[0]
 
 
-async def _get_status(server: str, *, timeout_s: float | None) -> cluster_pb2.ClusterStatus:
-    async with Client(server, timeout_s=timeout_s) as client:
+async def _get_status(server: str, *, timeout_s: float | None,
+                      tls: grpc.ChannelCredentials | None = None) -> cluster_pb2.ClusterStatus:
+    async with Client(server, timeout_s=timeout_s, tls=tls) as client:
         return await stub(client).GetClusterStatus(
             cluster_pb2.GetClusterStatusRequest(), timeout=client.deadline_s()
         )

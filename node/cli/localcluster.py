@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.node.cli import certs
 from raftlog.node.cli.localcluster_layout import (
     LocalClusterError,
     NodeSpec,
@@ -61,6 +62,7 @@ from raftlog.node.cli.localcluster_procs import (
 )
 from raftlog.node.cli.localcluster_procs import _cmdline as _cmdline  # for the process tests
 from raftlog.node.cli.localcluster_wait import (
+    channel_to,
     is_serving,
     probe_timeout_s,
     ready_timeout_s_default,
@@ -78,6 +80,7 @@ __all__ = [
     "Refusal",
     "StopOutcome",
     "StopResult",
+    "channel_to",
     "check_can_start",
     "down",
     "ensure_secret",
@@ -192,16 +195,20 @@ def check_can_start(specs: Iterable[NodeSpec]) -> None:
 
 
 def start_node(spec: NodeSpec, *, secret_file: Path | None, python: str,
-               extra_args: Sequence[str] = (), prefix: Sequence[str] = ()) -> LocalNode:
+               extra_args: Sequence[str] = (), prefix: Sequence[str] = (),
+               tls: bool = False) -> LocalNode:
     """Starts one node detached (own session, stdin /dev/null, output appended to its log)
     and records it in its pid file. Does not wait for it to serve. `extra_args` go after the
     node's own flags (e.g. the chaos harness's `--dial`s); `prefix` before its python (e.g.
-    `ip netns exec NS`, see `node_command`)."""
+    `ip netns exec NS`, see `node_command`). `tls`: with its certificate under DIR/tls, issued
+    by the cluster's CA when it has none yet."""
     check_can_start([spec])
     spec.data_dir.mkdir(parents=True, exist_ok=True)
     secret_file = ensure_secret(spec.root, secret_file)
-    command = [*node_command(spec, secret_file=secret_file, python=python, prefix=prefix),
-               *extra_args]
+    if tls:
+        certs.ensure_issued(spec.root, [spec.node_id, certs.CLIENT_NAME])
+    command = [*node_command(spec, secret_file=secret_file, python=python, prefix=prefix,
+                             tls=tls), *extra_args]
     with spec.log_path.open("ab") as log:
         process = subprocess.Popen(
             command,
@@ -224,11 +231,14 @@ def up(
     secret_file: Path | None,
     python: str = sys.executable,
     extra_args: Callable[[NodeSpec], Sequence[str]] | None = None,
+    tls: bool = False,
 ) -> list[LocalNode]:
     """Starts the cluster's nodes without waiting for them (see `wait_ready`). Checks every
-    node before starting any; if one fails to start, the ones already started are stopped."""
+    node before starting any; if one fails to start, the ones already started are stopped.
+    `tls`: a CA under DIR/tls (kept when there is one) and new certificates for every node."""
     specs = plan(nodes=nodes, base_port=base_port, data_dir=data_dir)
-    return start_specs(specs, secret_file=secret_file, python=python, extra_args=extra_args)
+    return start_specs(specs, secret_file=secret_file, python=python, extra_args=extra_args,
+                       tls=tls)
 
 
 def start_specs(
@@ -238,17 +248,20 @@ def start_specs(
     python: str = sys.executable,
     extra_args: Callable[[NodeSpec], Sequence[str]] | None = None,
     prefix: Callable[[NodeSpec], Sequence[str]] | None = None,
+    tls: bool = False,
 ) -> list[LocalNode]:
     """`up` for nodes already planned (e.g. some of a plan's nodes, the others kept aside to
     join later). `prefix(spec)` goes before that node's python (see `node_command`)."""
     specs[0].root.mkdir(parents=True, exist_ok=True)
     check_can_start(specs)
+    if tls:
+        certs.write_cluster_tls(specs[0].root, [spec.node_id for spec in specs])
     started: list[LocalNode] = []
     try:
         for spec in specs:
             started.append(start_node(spec, secret_file=secret_file, python=python,
                                       extra_args=extra_args(spec) if extra_args else (),
-                                      prefix=prefix(spec) if prefix else ()))
+                                      prefix=prefix(spec) if prefix else (), tls=tls))
     except BaseException:
         stop([node.record() for node in started], timeout_s=stop_timeout_s_default)
         raise

@@ -6,6 +6,7 @@ The layout of the cluster directory (node i, 1-based):
     DIR/n{i}/      the node's data          DIR/n{i}.log   its stdout and stderr (appended)
     DIR/n{i}.pid   line 1: the pid; line 2: the exact command line, as a JSON list
     DIR/cluster.secret   the cluster secret (mode 0600), made by `up` unless one is given
+    DIR/tls/             with TLS: the CA, each node's certificate and a client's (certs.py)
 
 and the ports: node i serves gRPC on `base_port + 3*(i-1)`, Raft on the port after it and its
 peer listener on the one after that, all on 127.0.0.1 (or on the node's own `host`, when the
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.node.cli.certs import paths_of
 from raftlog.node.transport.credentials import (
     SECRET_FILE_NAME,
     WeakSecret,
@@ -136,15 +138,20 @@ def plan(*, nodes: int, base_port: int, data_dir: Path,
 
 
 def node_command(spec: NodeSpec, *, secret_file: Path | None, python: str,
-                 prefix: Sequence[str] = ()) -> list[str]:
+                 prefix: Sequence[str] = (), tls: bool = False) -> list[str]:
     """`secret_file` None: the cluster directory's own (see `ensure_secret`). `prefix` goes
-    before the python (e.g. `ip netns exec NS`, which execs it: the pid stays the node's)."""
+    before the python (e.g. `ip netns exec NS`, which execs it: the pid stays the node's).
+    `tls`: the node serves TLS with its certificate under DIR/tls (node/cli/certs.py)."""
     command = [*prefix, python, "-m", "raftlog.node.cli", "node", "--data", str(spec.data_dir)]
     command += ["--grpc", spec.grpc_address, "--raft", spec.raft_address]
     command += ["--peer", spec.peer_address, "--node-id", spec.node_id]
     if spec.peers:
         command += ["--peers", ",".join(spec.peers)]
     command += ["--secret-file", str((secret_file or spec.secret_path).resolve())]
+    if tls:
+        paths = paths_of(spec.root, spec.node_id)
+        command += ["--tls-cert", str(paths.cert), "--tls-key", str(paths.key),
+                    "--tls-ca", str(paths.ca)]
     return command
 
 

@@ -80,6 +80,11 @@ class PidRecord:
     def raft_address(self) -> str:
         return _option(self.command, "--raft")
 
+    @property
+    def metrics_address(self) -> str:
+        """Where it serves Prometheus metrics ("" when started without --metrics)."""
+        return _option(self.command, "--metrics")
+
 
 def _option(command: Sequence[str], name: str) -> str:
     for flag, value in itertools.pairwise(command):

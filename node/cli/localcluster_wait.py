@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +19,7 @@ from raftlog.node.cli.localcluster_layout import LocalClusterError, Refusal
 from raftlog.node.cli.localcluster_procs import (
     LocalNode,
     ProcessState,
+    _option,
     deadline_iter,
     process_state,
 )
@@ -73,7 +75,7 @@ def wait_ready(nodes: Sequence[LocalNode], timeout_s: float) -> cluster_pb2.Clus
     deadline = time.monotonic() + timeout_s
     wait_serving(nodes, timeout_s)
     expected = {node.node_id for node in nodes}
-    last_seen = "no answer yet"
+    seen: dict[str, str] = {}  # each node's last answer, for the error
     caught_up: set[str] = set()
     with _channels(nodes) as channels:
         for remaining_s in deadline_iter(deadline - time.monotonic()):
@@ -82,23 +84,22 @@ def wait_ready(nodes: Sequence[LocalNode], timeout_s: float) -> cluster_pb2.Clus
                 _check_running(node)
                 answer = _cluster_status(channel, timeout_s=min(probe_timeout_s, remaining_s))
                 if isinstance(answer, str):
-                    last_seen = f"{node.node_id}: {answer}"
+                    seen[node.node_id] = answer
                     continue
                 if answer.caught_up:
                     caught_up.add(node.node_id)
                 members = {member.node_id for member in answer.nodes}
+                seen[node.node_id] = (f"leader {answer.raft_leader or 'none'}, members "
+                                      f"{sorted(members)}, caught up {answer.caught_up}")
                 if answer.raft_leader and expected <= members:
                     ready = answer
-                else:
-                    last_seen = (f"{node.node_id} sees leader {answer.raft_leader or 'none'}, "
-                                 f"members {sorted(members)}")
             if ready is not None and caught_up >= expected:
                 return ready
-            if ready is not None:
-                last_seen = f"not caught up yet: {sorted(expected - caught_up)}"
+    last_seen = "; ".join(f"{node_id}: {view}" for node_id, view in sorted(seen.items()))
     raise LocalClusterError(
         Refusal.NOT_READY,
-        f"no Raft leader with all {len(nodes)} members within {timeout_s:g} s ({last_seen})",
+        f"no Raft leader with all {len(nodes)} members caught up within {timeout_s:g} s "
+        f"({last_seen or 'no answer yet'})",
     )
 
 
@@ -119,9 +120,23 @@ def _cluster_status(channel: grpc.Channel, *, timeout_s: float) -> cluster_pb2.C
         return f"{exc.code().name}: {exc.details()}"
 
 
+def channel_to(node: LocalNode) -> grpc.Channel:
+    """A channel to the node's client port; to a node started with TLS, a TLS channel that
+    trusts its CA and presents the node's own certificate (accepted whatever
+    --tls-client-auth says)."""
+    ca, cert, key = (_option(node.command, flag)
+                     for flag in ("--tls-ca", "--tls-cert", "--tls-key"))
+    if not ca:
+        return grpc.insecure_channel(node.grpc_address)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes(), private_key=Path(key).read_bytes(),
+        certificate_chain=Path(cert).read_bytes())
+    return grpc.secure_channel(node.grpc_address, credentials)
+
+
 @contextlib.contextmanager
 def _channels(nodes: Sequence[LocalNode]) -> Iterator[list[grpc.Channel]]:
-    channels = [grpc.insecure_channel(node.grpc_address) for node in nodes]
+    channels = [channel_to(node) for node in nodes]
     try:
         yield channels
     finally:

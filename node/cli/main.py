@@ -3,14 +3,25 @@ and placement.
 
     raftlog node --data DIR --grpc 127.0.0.1:7400          run a node (SIGTERM drains)
     raftlog stream create|info|ls|update|rm|purge|get|last|subjects|scan ...
+    raftlog stream create NAME --source SPEC | stream sources  copy from other streams, the tails
     raftlog pub STREAM SUBJECT [PAYLOAD...]                 publish (args, stdin lines, or load)
+    raftlog pub ... --delay 30s | stream scheduled|unschedule  delayed messages, listed, cancelled
     raftlog consumer create|info|ls|rm ...
     raftlog fetch|sub STREAM CONSUMER                       read messages and ack them
+    raftlog hash|set|queue create|rm|info|ls ...            collections over streams
+    raftlog hash set|get|del|getall|fields|len NAME KEY ... (set: add|remove|ismember|members;
+                                                            queue: push|pop|peek|len)
+    raftlog kv add|info|ls|rm|put|get|create|update|del|purge|touch|keys|history|watch ...
+    raftlog obj add|buckets|rm-bucket|put|get|info|ls|rm|revisions ...  object buckets
+    raftlog topic create|ls|info|rm|publish|group-add|offsets|seek ...  partitioned topics
+    raftlog txn prepare|commit|rollback|ls ...              two-phase publishes
     raftlog health                                          is the node serving?
     raftlog cluster up|down|status|join|leave               a local or real cluster
     raftlog cluster overrides|stats|watch|rebalance|clear-authority
     raftlog stream route NAME                               why a stream lives where it does
     raftlog stream migrate NAME NODE [--pin] | pin | unpin  move a stream's primary
+    raftlog numaflow-source --stream S --consumer C --socket PATH   a Numaflow source
+    raftlog top --dir DIR | --metrics HOST:PORT,...         live per-node and per-stream view
 
 Every command that talks to a node takes `--server HOST:PORT` (default: $RAFTLOG_SERVER or
 127.0.0.1:7400), `--timeout` and `--json` (one JSON document on stdout, proto field names).
@@ -31,6 +42,7 @@ from typing import Any, NoReturn
 
 from raftlog.base import limits
 from raftlog.node.cli import format as fmt
+from raftlog.node.cli.auth import add_auth_commands
 from raftlog.node.cli.base import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -44,18 +56,28 @@ from raftlog.node.cli.base import (
     warn,
 )
 from raftlog.node.cli.cluster import register as add_cluster_commands
+from raftlog.node.cli.collections import add_collection_commands
 from raftlog.node.cli.consumers import add_consumer_commands
+from raftlog.node.cli.kv import add_kv_commands
+from raftlog.node.cli.numaflow import add_numaflow_command
+from raftlog.node.cli.objects import add_object_commands
 from raftlog.node.cli.streams import add_stream_commands
+from raftlog.node.cli.top import add_top_command
+from raftlog.node.cli.topics import add_topic_commands
+from raftlog.node.cli.transactions import add_txn_commands
 from raftlog.node.config import NodeConfig, default_peer_address
 from raftlog.node.transport.credentials import WeakSecret, read_secret_file
 
 CHAOS_COMMAND = "chaos"
+AUDIT_COMMAND = "audit"
+# Commands that are packages above the node's, run as `python -m raftlog.<package>`.
+_HANDED_OVER = {CHAOS_COMMAND: "raftlog.chaos", AUDIT_COMMAND: "raftlog.audit"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    if args_in[:1] == [CHAOS_COMMAND]:
-        return _run_chaos(args_in[1:])
+    if args_in[:1] and args_in[0] in _HANDED_OVER:
+        return _hand_over(_HANDED_OVER[args_in[0]], args_in[1:])
     parser = build_parser()
     try:
         args = _parse(parser, argv)
@@ -109,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(per_command=False)],
+        # No prefixes of the options above: `cluster up --tls` would be an ambiguous prefix
+        # of --tls-ca/--tls-cert/--tls-key here, before the command's own parser sees it.
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"raftlog {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -116,18 +141,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_stream_commands(commands)
     add_cluster_commands(commands)
     add_consumer_commands(commands)
+    add_collection_commands(commands)
+    add_kv_commands(commands)
+    add_object_commands(commands)
+    add_topic_commands(commands)
+    add_txn_commands(commands)
+    add_auth_commands(commands)
+    add_numaflow_command(commands)
+    add_top_command(commands)
     commands.add_parser(CHAOS_COMMAND, add_help=False,
                         help="break a local cluster on purpose and check nothing acknowledged "
                         "is lost (`raftlog chaos --help`)")
+    commands.add_parser(AUDIT_COMMAND, add_help=False,
+                        help="export every replica, prove with Spark that they agree, repair "
+                        "where they do not (`raftlog audit --help`)")
     return parser
 
 
-def _run_chaos(argv: list[str]) -> NoReturn:
-    """`raftlog chaos ...` is the chaos harness (raftlog.chaos, a package above the node's):
-    handed over to `python -m raftlog.chaos` in this process's place."""
+def _hand_over(module: str, argv: list[str]) -> NoReturn:
+    """`raftlog chaos ...` and `raftlog audit ...` are packages above the node's (the chaos
+    harness, the Spark audit): handed over to `python -m MODULE` in this process's place."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "raftlog.chaos", *argv])
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
 
 
 _EXAMPLES = """\
@@ -216,7 +252,43 @@ def _add_node(commands: Any) -> None:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="default INFO",
     )
+    node.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text (default) or json: one JSON object per line with the node id and each "
+        "call's request id, stream and consumer (docs/logging.md)",
+    )
+    node.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        type=typed(address),
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off; "
+        "docs/metrics.md)",
+    )
+    node.add_argument("--connections-max", type=int, default=None, metavar="N",
+                      help="clients with calls open at once on the client port; a call from "
+                      "one more is RESOURCE_EXHAUSTED (default: no limit; docs/quotas.md)")
+    node.add_argument("--subscriptions-max", type=int, default=None, metavar="N",
+                      help="Subscribe calls open at once on this node (default "
+                      "limits.subscriptions_max; docs/quotas.md)")
+    _add_node_tls(node)
     node.set_defaults(run=_run_node)
+
+
+def _add_node_tls(node: argparse.ArgumentParser) -> None:
+    tls = node.add_argument_group("TLS (docs/tls.md; all three files or none: plaintext)")
+    tls.add_argument("--tls-cert", type=Path, metavar="FILE",
+                     help="the node's certificate (PEM), served on both ports and presented "
+                     "to other nodes; re-read when it changes")
+    tls.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    tls.add_argument("--tls-ca", type=Path, metavar="FILE",
+                     help="the CA every node's certificate chains to; the peer listener "
+                     "requires a client certificate it signed")
+    tls.add_argument("--tls-client-auth", choices=["none", "require"], default="none",
+                     help="whether the client port requires a client certificate signed by "
+                     "--tls-ca (default none)")
 
 
 def dial_pair(text: str) -> tuple[str, str]:
@@ -257,7 +329,24 @@ def _run_node(args: argparse.Namespace) -> int:
         peers=tuple(args.peers),
         cluster_secret=secret,
         log_level=args.log_level,
+        log_format=args.log_format,
+        metrics_address=args.metrics or "",
+        connections_max=args.connections_max,
+        subscriptions_max=args.subscriptions_max,
         replace_dead_after_s=args.replace_dead_after,
         dial=tuple(args.dial),
+        **_tls_config(args),
     )
     return server.run(config)
+
+
+def _tls_config(args: argparse.Namespace) -> dict[str, Any]:
+    files = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-ca": args.tls_ca}
+    given = [flag for flag, path in files.items() if path is not None]
+    if given and len(given) != len(files):
+        missing = ", ".join(flag for flag in files if flag not in given)
+        raise UsageError(f"{', '.join(given)} needs {missing} too (docs/tls.md)")
+    if not given and args.tls_client_auth != "none":
+        raise UsageError("--tls-client-auth needs --tls-cert, --tls-key and --tls-ca")
+    return {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
+            "tls_client_auth": args.tls_client_auth}

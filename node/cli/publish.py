@@ -36,6 +36,7 @@ from raftlog.node.cli.base import (
     warn,
 )
 from raftlog.node.cli.client import Client
+from raftlog.node.cli.scheduled import add_schedule_options, deliver_at_ms, scheduled_ack_text
 from raftlog.node.ops.batches import expand_results
 from raftlog.node.transport.rpc import from_rpc_error
 from raftlog.v1 import streams_pb2, types_pb2
@@ -84,6 +85,7 @@ def add_pub_command(commands: Any) -> None:
         metavar="N",
         help="publish only if the subject's last seq is N (then chained)",
     )
+    add_schedule_options(pub)
     load = pub.add_argument_group("load mode")
     load.add_argument("--count", type=positive, metavar="N", help="publish N generated messages")
     load.add_argument(
@@ -126,7 +128,11 @@ class _PubReport:
 
     def ack(self, ack: streams_pb2.PublishAck) -> None:
         self.acks.append(ack)
-        if not self.args.json:
+        if self.args.json:
+            return
+        if ack.scheduled:
+            show(scheduled_ack_text(ack, self.args.subject))
+        else:
             show(f"#{ack.seq} {self.args.subject}" + ("  (duplicate)" if ack.duplicate else ""))
 
     def error(self, error: types_pb2.Error) -> None:
@@ -158,6 +164,7 @@ class _PubReport:
 
 
 async def _pub(client: Client, args: argparse.Namespace) -> int:
+    args.deliver_at_ms = deliver_at_ms(args)
     if args.count is not None:
         expects = args.expect_last_seq, args.expect_last_subject_seq
         if args.payloads or args.msg_id or expects != (None, None):
@@ -172,7 +179,8 @@ async def _pub(client: Client, args: argparse.Namespace) -> int:
             warn("reading messages from stdin, one per line; Ctrl-D ends")
         chunks = _stdin_chunks()
     report = _PubReport(args)
-    chained = args.expect_last_seq is not None or args.expect_last_subject_seq is not None
+    chained = args.expect_last_seq is not None or args.expect_last_subject_seq is not None \
+        or args.deliver_at_ms != 0  # PublishBatch carries no deliver_at_ms
     publish = _pub_chained if chained else _pub_batched
     await publish(client, args, chunks, report)
     return report.finish()
@@ -238,6 +246,7 @@ async def _pub_chained(
                 msg_id=_msg_id(args.msg_id, index),
                 expected_last_seq=expect_last,
                 expected_last_subject_seq=expect_subject,
+                deliver_at_ms=args.deliver_at_ms,
             )
             index += 1
             try:

@@ -1,5 +1,6 @@
 """`raftlog stream ...`: a stream's lifecycle (create, info, ls, update, rm, purge) and direct
-reads of its messages (get, last, subjects, scan).
+reads of its messages (get, last, subjects, scan); `create --source` and `sources` come from
+`sources`.
 
 `add_stream_commands` also adds `raftlog pub` (in `publish`); `cluster` later adds `route`,
 `migrate`, `pin` and `unpin` to the `stream` group.
@@ -27,6 +28,8 @@ from raftlog.node.cli.base import (
 )
 from raftlog.node.cli.client import Client
 from raftlog.node.cli.publish import add_pub_command
+from raftlog.node.cli.scheduled import add_scheduled_commands
+from raftlog.node.cli.sources import SPEC_HELP, add_sources_command, parse_source_spec
 from raftlog.v1 import streams_pb2, types_pb2
 
 
@@ -47,6 +50,10 @@ def _add_stream(commands: Any) -> None:
         "removed once acked; interest: removed once every consumer acked",
     )
     _add_stream_limits(create, update=False)
+    create.add_argument("--source", action="append", type=typed(parse_source_spec),
+                        metavar="SPEC", help=SPEC_HELP)
+    add_sources_command(stream)
+    add_scheduled_commands(stream)
     leaf(stream, "info", _stream_info, "show a stream's config and state").add_argument(
         "name", metavar="NAME"
     )
@@ -112,7 +119,17 @@ _STREAM_LIMIT_FIELDS = {
     "dedupe_window": "dedupe_window_ms",
     "replicas": "replicas",
     "description": "description",
+    "max_msgs_per_s": "max_msgs_per_s",
+    "max_bytes_per_s": "max_bytes_per_s",
+    "discard": "discard",
 }
+_DISCARD = {"old": types_pb2.DISCARD_OLD, "new": types_pb2.DISCARD_NEW}
+
+
+def _discard_policy(text: str) -> int:
+    if text not in _DISCARD:
+        raise ValueError(f"--discard is old or new, not {text!r}")
+    return _DISCARD[text]
 
 
 def _add_stream_limits(parser: argparse.ArgumentParser, *, update: bool) -> None:
@@ -165,6 +182,16 @@ def _add_stream_limits(parser: argparse.ArgumentParser, *, update: bool) -> None
         help="copies in a cluster (default 3, capped by the cluster size)",
     )
     parser.add_argument("--description", metavar="TEXT")
+    parser.add_argument(
+        "--max-msgs-per-s", type=non_negative, metavar="N",
+        help=f"publish quota: at most N messages a second (docs/quotas.md){zero}")
+    parser.add_argument(
+        "--max-bytes-per-s", type=typed(fmt.parse_size), metavar="SIZE",
+        help=f"publish quota: at most this many bytes a second, e.g. 1MB{zero}")
+    parser.add_argument(
+        "--discard", type=typed(_discard_policy), metavar="old|new",
+        help="at --max-msgs/--max-bytes: remove the oldest messages (old, the default) or "
+        "refuse new ones with RESOURCE_EXHAUSTED (new)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +207,7 @@ async def _stream_create(client: Client, args: argparse.Namespace) -> int:
     for dest, field in _STREAM_LIMIT_FIELDS.items():
         if getattr(args, dest) is not None:
             setattr(config, field, getattr(args, dest))
+    config.sources.extend(args.source or [])
     request = streams_pb2.CreateStreamRequest(config=config)
     info = await client.streams.CreateStream(request, timeout=client.deadline_s())
     emit(args, fmt.proto_dict(info), lambda: fmt.stream_info_text(info))

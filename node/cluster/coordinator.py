@@ -9,6 +9,8 @@ in line with what Raft committed.
   brings the local engine to the committed state (create, config change, delete), so a node
   that restarts, lags or installs a snapshot converges the same way.
 - Watch: applied commands become WatchEvents for every watcher.
+- A consumer state an operator set (ConsumerStateSet, an audit's repair) is what this node serves
+  the consumer from afterwards, if it serves it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from raftlog.base.clock import Clock
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.cluster.liveness import LivenessMonitor
+from raftlog.node.cluster.raft_watch import warn_while_leaderless
 from raftlog.node.cluster.ring import Ring
 from raftlog.node.consumers.manager import ConsumerManager
 from raftlog.node.consumers.raft_store import RaftConsumerStore
 from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.replication.primary import ReplicationManager
+from raftlog.node.transport import logctx
 from raftlog.raft.api import Applied, LeaderChange, MetaGroup, ensure_ok
 from raftlog.raft.state_model import MetaState, StreamAssignment
 from raftlog.v1 import cluster_pb2, types_pb2
@@ -151,7 +155,9 @@ class ClusterNode:
         self._tasks = [loop.create_task(self.catch_up(), name="catch-up"),
                        loop.create_task(self._reconcile_forever(), name="reconcile"),
                        loop.create_task(self._register(), name="register"),
-                       loop.create_task(self._scan_troubles_forever(), name="troubles")]
+                       loop.create_task(self._scan_troubles_forever(), name="troubles"),
+                       loop.create_task(warn_while_leaderless(self.group.status),
+                                        name="leaderless")]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -275,6 +281,11 @@ class ClusterNode:
             except Exception:
                 log.exception("scanning for stream troubles failed")
 
+    def stream_owner(self, name: str) -> str:
+        """The user whose call created the stream ("" = none, or not a stream here)."""
+        assignment = self.state.streams.get(name)
+        return assignment.owner if assignment is not None else ""
+
     def leader_node_id(self) -> str:
         address = self.group.leader_address()
         if address is None:
@@ -293,10 +304,28 @@ class ClusterNode:
             self._ring_members = members
         return self._ring
 
+    def placement_short(self, config: types_pb2.StreamConfig) -> bool:
+        """Whether the members this node knows are fewer than the copies `config` wants."""
+        return len(self.ring()) < (config.replicas or limits.replicas_default)
+
+    def check_replicas(self, config: types_pb2.StreamConfig) -> None:
+        """INSUFFICIENT_REPLICAS when `config` asks for more copies than there are members."""
+        members = len(self.ring())
+        if config.replicas > members:
+            raise RaftlogError(
+                Reason.INSUFFICIENT_REPLICAS,
+                f"stream {config.name!r} asks for {config.replicas} replicas and the cluster "
+                f"has {members} member(s); add nodes or ask for fewer",
+                stream=config.name, replicas=config.replicas, members=members,
+                retry_after_ms=limits.insufficient_replicas_retry_after_ms)
+
     def new_placement(self, config: types_pb2.StreamConfig) -> tuple[str, tuple[str, ...]]:
-        """Primary and replicas for a stream that does not exist yet."""
+        """Primary and replicas for a stream that does not exist yet. An explicit replica
+        count the membership cannot hold is refused, never quietly lowered; the default
+        (`replicas` 0) takes as many members as there are, up to its usual count."""
         ring = self.ring()
-        replicas = min(config.replicas or 3, len(ring))
+        self.check_replicas(config)
+        replicas = min(config.replicas or limits.replicas_default, len(ring))
         placement = ring.place(config.name, replicas=replicas)
         return placement.primary, placement.replicas
 
@@ -378,6 +407,11 @@ class ClusterNode:
         if event.result is not None and event.result.ok:
             for stream in streams or [""]:
                 self._emit(event, stream)
+            if event.command.WhichOneof("command") == "consumer_state_set":
+                # An operator replaced a consumer's state: if this node serves it, from now on
+                # from the new state (the primary that proposed it does so itself).
+                body = event.command.consumer_state_set
+                self.consumers.refresh(body.stream, body.consumer)
 
     def on_leader_change(self, event: LeaderChange) -> None:
         log.info("raft leader: %s (term %d, this node leads: %s)", event.leader, event.term,
@@ -456,7 +490,8 @@ class ClusterNode:
             try:
                 await self.reconcile(name)
             except Exception:
-                log.exception("reconciling stream %s failed; retrying", name)
+                log.exception("reconciling stream %s failed; retrying", name,
+                              extra=logctx.fields(stream=name))
                 await asyncio.sleep(limits.register_retry_s)
                 self.queue(name)
             finally:
@@ -464,8 +499,14 @@ class ClusterNode:
 
     async def reconcile(self, name: str) -> None:
         """Brings the local copy of one stream in line with the committed assignment: its
-        existence, config, role (primary at the epoch, or replica) and replication."""
+        existence, config, role (primary at the epoch, or replica) and replication. Lines
+        written meanwhile carry the stream and its committed fence epoch."""
         assignment = self.state.streams.get(name)
+        with logctx.bind(**logctx.fields(
+                stream=name, epoch=assignment.fence_epoch if assignment is not None else None)):
+            await self._bring_in_line(name, assignment)
+
+    async def _bring_in_line(self, name: str, assignment: StreamAssignment | None) -> None:
         local = self.engine.streams.get(name)
         if assignment is None or self.node_id not in assignment.replicas:
             self._loaded.discard(name)

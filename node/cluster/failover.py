@@ -48,6 +48,7 @@ from raftlog.base.errors import RaftlogError
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.cluster.liveness import LivenessMonitor, majority
 from raftlog.node.cluster.replica_sets import most_complete
+from raftlog.node.transport import logctx
 from raftlog.node.transport.peer import PeerClient
 from raftlog.raft.api import MetaGroup, ensure_ok
 from raftlog.raft.state_model import promotes_max
@@ -245,7 +246,10 @@ class FailoverCoordinator:
                         sample.new_fence_epoch, sample.epoch_start_seq,
                         needs[sample.stream].why,
                         f"; {len(skipped)} skipped: {dict(list(skipped.items())[:3])}"
-                        if skipped else "")
+                        if skipped else "",
+                        # a line about one stream carries it; a round's summary names none
+                        extra=logctx.fields(stream=sample.stream, epoch=sample.new_fence_epoch)
+                        if len(chunk) == 1 else None)
 
 
 def _chunks(promotes: list[raft_pb2.StreamPromote]) -> list[list[raft_pb2.StreamPromote]]:

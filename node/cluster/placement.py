@@ -55,6 +55,7 @@ from raftlog.node.cluster.replica_sets import (
     next_replicas,
 )
 from raftlog.node.cluster.ring import Ring
+from raftlog.node.transport import logctx
 from raftlog.node.transport.peer import PeerClient
 from raftlog.raft.api import MetaGroup, ensure_ok
 from raftlog.raft.state_model import StreamAssignment
@@ -216,7 +217,8 @@ class Placement:
         if current is None or (current.primary, current.fence_epoch,
                                tuple(current.replicas)) != expect:
             return None  # it moved meanwhile: decide again
-        log.info("placement: %s replicas %s -> %s", name, list(replicas), list(new))
+        log.info("placement: %s replicas %s -> %s", name, list(replicas), list(new),
+                 extra=logctx.fields(stream=name, epoch=epoch))
         await self._propose(raft_pb2.RaftCommand(stream_update=raft_pb2.StreamUpdate(
             name=name, replicas=new)))
         return new
@@ -504,7 +506,7 @@ class Placement:
         for name, claimant in overrides:
             if ring.owner(name) == claimant:
                 log.info("placement: %s's override to %s is redundant; clearing it",
-                         name, claimant)
+                         name, claimant, extra=logctx.fields(stream=name))
                 await self._propose(raft_pb2.RaftCommand(
                     authority_clear_override=raft_pb2.AuthorityClearOverride(stream=name)))
                 changed += 1
@@ -516,10 +518,11 @@ class Placement:
                                            return_exceptions=True)
             for name, result in zip(batch, results, strict=True):
                 if isinstance(result, RaftlogError):
-                    log.info("placement: changing %s's replicas: %s", name, result)
+                    log.info("placement: changing %s's replicas: %s", name, result,
+                             extra=logctx.fields(stream=name))
                 elif isinstance(result, BaseException):
                     log.error("placement: changing %s's replicas failed", name,
-                              exc_info=result)
+                              exc_info=result, extra=logctx.fields(stream=name))
                 elif result is not None:
                     changed += 1
         return changed

@@ -12,6 +12,10 @@ Replicas are the owner, then the next distinct members clockwise. Lookups bisect
 tokens: O(log n) in the number of tokens; collecting r replicas walks on until r distinct
 members have been seen.
 
+A topic's partition stream (base/topics.py) is the exception: partition i starts at the
+`i mod n`-th distinct member clockwise from the topic's own token, so the partitions of one topic
+spread over the members instead of falling where their names hash.
+
 Placement (DESIGN.md §2 Routing): primary = the authority override when it names a member, else
 the ring owner; replicas = the primary first, then the ring's order without the primary.
 """
@@ -23,7 +27,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from raftlog.base import limits
+from raftlog.base import limits, topics
 from raftlog.base.errors import RaftlogError, Reason
 
 # Tokens per member, `limits.ring_vnodes_per_member`. Measured with 10,000 stream names
@@ -35,6 +39,7 @@ from raftlog.base.errors import RaftlogError, Reason
 # BLAKE2b personalisation (<= 16 bytes) keeps member tokens and stream tokens in separate domains.
 _vnode_person = b"raftlog.vnode"
 _stream_person = b"raftlog.stream"
+_topic_person = b"raftlog.topic"
 
 
 def _token(data: str, *, person: bytes) -> int:
@@ -46,6 +51,13 @@ def _token(data: str, *, person: bytes) -> int:
 def stream_token(stream: str) -> int:
     """The stream's position on the circle, in [0, 2**64)."""
     return _token(stream, person=_stream_person)
+
+
+def topic_token(topic: str) -> int:
+    """A topic's position on the circle: partition i of the topic belongs to the i-th distinct
+    member clockwise from it (mod the member count), so one topic's partitions land on distinct
+    primaries while there are members enough."""
+    return _token(topic, person=_topic_person)
 
 
 def vnode_token(member: str, index: int) -> int:
@@ -148,9 +160,35 @@ class Ring:
             raise RaftlogError(
                 Reason.NO_QUORUM, "the ring has no members to place a stream on", stream=stream
             )
-        return bisect.bisect_left(self._tokens, stream_token(stream)) % len(self._tokens)
+        partition = topics.parse_partition_stream(stream)
+        if partition is None:
+            return bisect.bisect_left(self._tokens, stream_token(stream)) % len(self._tokens)
+        topic, index = partition
+        start = bisect.bisect_left(self._tokens, topic_token(topic)) % len(self._tokens)
+        return self._nth_distinct(start, index % len(self._members))
+
+    def _nth_distinct(self, start: int, nth: int) -> int:
+        """The virtual node, from `start` on clockwise, where the `nth` distinct member (0 =
+        the first) first appears."""
+        seen: set[str] = set()
+        for step in range(len(self._owners)):
+            at = (start + step) % len(self._owners)
+            member = self._owners[at]
+            if member not in seen:
+                if len(seen) == nth:
+                    return at
+                seen.add(member)
+        return start  # unreachable: nth < the number of members
 
     def _explain(self, stream: str, *, ring_owner: str, override: str | None) -> str:
+        partition = topics.parse_partition_stream(stream)
+        if override is None and partition is not None:
+            topic, index = partition
+            return (
+                f"ring owner: partition {index} of topic {topic!r} belongs to the member "
+                f"{index % len(self._members)} places clockwise (distinct members, from 0) from "
+                f"the topic's token {topic_token(topic):#018x}: {ring_owner!r}"
+            )
         if override is None:
             return (
                 f"ring owner: {ring_owner!r} holds the first virtual node at or after the "

@@ -19,13 +19,15 @@ Ordering rules:
 - Ack and Term return only after a `store.save` that includes them has completed, and on a
   work-queue stream only after the messages were removed. Removal comes first, then the save:
   a crash between them leaves a pending seq whose message is gone, which is skipped.
-- Saves of one consumer are coalesced (`Flusher`): one save in flight at a time, and every
-  caller waits for a save whose snapshot was taken after its change.
+- Saves of one consumer are coalesced (`Flusher`): at most `consumer_saves_inflight_max` in
+  flight at a time, and every caller waits for a save whose snapshot was taken after its
+  change.
 - Fetch, Nak and InProgress do not save: deliveries lost in a crash are redelivered
   (at-least-once). Dead-lettering does save, like a Term.
-- A closed consumer (deleted, or its stream detached) starts no new save and fails every caller
-  still waiting for one: a save racing a delete cannot bring the record back, and an ack whose
-  save raced a detach is never reported durable.
+- A closed consumer (deleted, its stream detached, or held out of service while an audit's
+  repair replaces its committed state) starts no new save and fails every caller still waiting
+  for one: a save racing a delete cannot bring the record back, an ack whose save raced a
+  detach is never reported durable, and no save of the old state lands after a repair.
 - Nothing above the log's commit_seq is ever handed out (G4).
 - Ack, Term, Nak and InProgress answer per seq (`Settled`): the valid seqs of a call take
   effect (and Ack and Term are durable on return) even when others are refused; which seqs may
@@ -39,7 +41,8 @@ from __future__ import annotations
 
 import builtins
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from raftlog.base import limits
 from raftlog.base import subjects as subject_rules
@@ -59,6 +62,8 @@ from raftlog.node.engine.log import StreamLog
 from raftlog.v1 import consumers_pb2, types_pb2
 
 __all__ = ["DLQ_HEADERS", "ConsumerManager", "Settled", "start_state"]
+
+T = TypeVar("T")
 
 _POLICY = consumers_pb2.DeliverPolicy
 
@@ -88,6 +93,13 @@ def start_state(log: StreamLog, config: consumers_pb2.ConsumerConfig, *,
         raise InvariantViolation(f"deliver policy {policy} passed validation")
     return DeliveryState(config=config, created_ms=created_ms, delivered_seq=start - 1,
                          start_seqs=deque(start_seqs), start_resume_seq=resume_seq)
+
+
+def _resetting(stream: str, name: str) -> RaftlogError:
+    """What callers of a consumer whose committed state an operator replaces are told."""
+    return RaftlogError(Reason.CATCHING_UP, f"consumer {name!r} of {stream!r} is being reset "
+                        "from the cluster's metadata; retry", stream=stream, consumer=name,
+                        retry_after_ms=limits.catching_up_retry_after_ms)
 
 
 class ConsumerManager(DeliveryManager):
@@ -196,6 +208,44 @@ class ConsumerManager(DeliveryManager):
             found.interest_scanned = min(
                 (c.state.ack_floor for c in found.consumers.values()), default=0)
         await self._maybe_trim(found)
+
+    async def replace_committed(self, stream: str, name: str,
+                                change: Callable[[], Awaitable[T]]) -> T:
+        """Runs `change`, which replaces the consumer's committed state in the store (an
+        audit's repair), with the consumer out of service, then serves it again from what the
+        store holds, whether `change` succeeded or not. Out of service: it stays listed but
+        closed (every call on it, and every caller waiting on it, fails with CATCHING_UP:
+        retry), no save starts, and the save in flight is waited for, so no save of the old
+        state lands after the change. A consumer the store holds and this manager lacks is
+        adopted first; CONSUMER_NOT_FOUND when the store has none."""
+        found = self._stream(stream)
+        async with found.admin:
+            if not self.adopt(stream, name):
+                raise self._not_found(stream, name)
+            found, consumer = self._lookup(stream, name)
+            self._close(consumer, _resetting(stream, name))
+            await consumer.flusher.idle()
+            try:
+                return await change()
+            finally:
+                if found.consumers.get(name) is consumer:
+                    del found.consumers[name]
+                if self._streams.get(stream) is found:  # not detached meanwhile
+                    self.adopt(stream, name)
+
+    def refresh(self, stream: str, name: str) -> bool:
+        """Serves the consumer again from what the store holds now: its committed state was
+        replaced (a ConsumerStateSet applied) other than through `replace_committed`, e.g. by
+        a set whose proposer gave up waiting. Its callers get CATCHING_UP (retry). False when
+        this manager does not serve it, or holds it out of service (`replace_committed`
+        serves it again itself)."""
+        found = self._streams.get(stream)
+        consumer = found.consumers.get(name) if found is not None else None
+        if found is None or consumer is None or consumer.closed is not None:
+            return False
+        del found.consumers[name]
+        self._close(consumer, _resetting(stream, name))
+        return self.adopt(stream, name)
 
     def list(self, stream: str) -> builtins.list[consumers_pb2.ConsumerInfo]:
         found = self._stream(stream)

@@ -12,9 +12,12 @@ save: a record becomes a `ConsumerProgress` (ack floor, acked seqs above it, del
   union; so the difference commits the same state). Saves arriving within
   `limits.consumer_save_coalesce_ms` of the first pending one, or until the batch nears
   `limits.metadata_command_bytes_max`, go out together; a later save of a consumer already
-  pending is merged into it (max floor, union, max cursor). One batch is in flight at a time;
-  its commands (several when one would be too big) are proposed concurrently, and every caller
-  waits for the commit of each command that carries part of its save. A save whose content is
+  pending is merged into it (max floor, union, max cursor). Up to
+  `limits.consumer_batches_inflight_max` batches are in flight at once (they may commit in any
+  order: the state machine merges); saves that arrive while that many are in flight wait for
+  one to end and go together. A batch's commands (several when one would be too big) are
+  proposed concurrently, and every caller waits for the commit of each command that carries
+  part of its save. A save whose content is
   already committed returns without proposing.
   Errors: the proposal's error (NO_LEADER, TIMEOUT, ...) for every save in that command; a
   skipped update fails that consumer's save with the skip's reason (CONSUMER_NOT_FOUND,
@@ -39,6 +42,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from raftlog.base import limits
 from raftlog.base.clock import Clock
@@ -128,6 +132,7 @@ class RaftConsumerStore:
                                    else propose_timeout_s)
         self._pending_saves_max = (limits.consumer_pending_saves_max if pending_saves_max is None
                                    else pending_saves_max)
+        self._batches_inflight_max = limits.consumer_batches_inflight_max
         self._redeliveries_on_load_max = (limits.consumer_redeliveries_on_load_max
                                           if redeliveries_on_load_max is None
                                           else redeliveries_on_load_max)
@@ -140,6 +145,7 @@ class RaftConsumerStore:
         self._first_pending_at = 0.0  # loop time the oldest pending save arrived
         self._waiting = 0  # callers whose futures are not settled
         self._wake = asyncio.Event()  # the pending batch is full: propose it now
+        self._arrived = asyncio.Event()  # a save was enqueued (the runner may start a batch)
         self._task: asyncio.Task[None] | None = None
         self._closed: RaftlogError | None = None
 
@@ -238,6 +244,7 @@ class RaftConsumerStore:
         self._pending_bytes += pending.size_bytes()
         if self._full():
             self._wake.set()
+        self._arrived.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         return waiter
@@ -253,15 +260,36 @@ class RaftConsumerStore:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        inflight: set[asyncio.Task[None]] = set()
         try:
-            while self._pending:
-                self._wake.clear()
-                delay_s = self._first_pending_at + self._coalesce_s - loop.time()
-                if delay_s > 0 and not self._full():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay_s)
-                await self._commit(self._take_pending())
+            while self._pending or inflight:
+                room = len(inflight) < self._batches_inflight_max
+                if self._pending and room:
+                    self._wake.clear()
+                    delay_s = self._first_pending_at + self._coalesce_s - loop.time()
+                    if delay_s > 0 and not self._full():
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), delay_s)
+                    inflight.add(asyncio.create_task(self._commit(self._take_pending())))
+                    continue
+                # Nothing to start now: wait for a batch to end or, with room, a save to come.
+                waits: set[asyncio.Future[Any]] = set(inflight)
+                arrival: asyncio.Future[Any] | None = None
+                if room:
+                    self._arrived.clear()
+                    arrival = asyncio.ensure_future(self._arrived.wait())
+                    waits.add(arrival)
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if arrival is not None:
+                        arrival.cancel()
+                inflight = {task for task in inflight if not task.done()}
         finally:
+            for task in inflight:  # closing: each batch settles its callers as it ends
+                task.cancel()
+            if inflight:
+                await asyncio.wait(inflight)
             if self._task is asyncio.current_task():
                 self._task = None
 

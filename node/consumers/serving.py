@@ -25,32 +25,43 @@ from raftlog.internal import storage_pb2
 from raftlog.node.consumers.state import DeliveryState
 from raftlog.node.consumers.store import ConsumerStore
 from raftlog.node.engine.log import StreamLog
-from raftlog.v1 import consumers_pb2
+from raftlog.v1 import consumers_pb2, types_pb2
 
 DLQ_HEADERS = ("raftlog-dlq-stream", "raftlog-dlq-consumer", "raftlog-dlq-seq",
                "raftlog-dlq-subject", "raftlog-dlq-deliveries")
 
 
 class Flusher:
-    """Coalesces the saves of one consumer: at most one in flight; `flush` returns once a save
-    whose snapshot was taken after the call has completed (or raises what that save raised)."""
+    """Coalesces the saves of one consumer: `flush` returns once a save whose snapshot was taken
+    after the call has completed (or raises what that save raised). The flushes of one
+    event-loop turn share a save, started at the end of the turn when fewer than `inflight_max`
+    are in flight; otherwise they wait for one to end, and the next save covers every flush
+    that waited meanwhile. Saves in flight may complete in any
+    order: a save settles every flush its snapshot covers that is not settled yet (the store
+    merges progress monotonically, so a later snapshot holds everything an earlier one did)."""
 
-    def __init__(self, begin_save: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, begin_save: Callable[[], Awaitable[None]], *,
+                 inflight_max: int = limits.consumer_saves_inflight_max) -> None:
         # begin_save() takes the snapshot synchronously and returns the awaitable that saves it.
         self._begin_save = begin_save
+        self._inflight_max = inflight_max
         self._requested = 0
+        self._started_up_to = 0  # the last flush a started save covers
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._start_scheduled = False
         self._closed: RaftlogError | None = None
 
     async def flush(self) -> None:
         if self._closed is not None:
             raise self._closed
         self._requested += 1
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append((self._requested, waiter))
-        if self._task is None:
-            self._task = asyncio.create_task(self._run())
+        if not self._start_scheduled:  # after the other flushes of this turn
+            self._start_scheduled = True
+            loop.call_soon(self._start_saves)
         await waiter
 
     def close(self, error: RaftlogError) -> None:
@@ -58,18 +69,37 @@ class Flusher:
         self._closed = error
         self._settle(self._requested, error)
 
-    async def _run(self) -> None:
+    async def idle(self) -> None:
+        """Returns once no save is in flight (after `close`: none starts again). A save is
+        bounded by the store's own wait; cancelling this call leaves the saves running."""
+        while self._inflight:
+            await asyncio.wait(set(self._inflight))
+
+    def _start_saves(self) -> None:
+        self._start_scheduled = False
+        while (self._closed is None and self._requested > self._started_up_to
+               and len(self._inflight) < self._inflight_max):
+            covered = self._started_up_to = self._requested
+            try:
+                saving = self._begin_save()  # the snapshot, taken now
+            except Exception as exc:
+                self._settle(covered, exc)
+                continue
+            task = asyncio.create_task(self._finish(saving, covered))
+            self._inflight.add(task)
+
+    async def _finish(self, saving: Awaitable[None], covered: int) -> None:
         try:
-            while self._closed is None and self._waiters:
-                covered = self._requested  # no await before the snapshot in begin_save()
-                try:
-                    await self._begin_save()
-                except Exception as exc:
-                    self._settle(covered, exc)
-                else:
-                    self._settle(covered, self._closed)
+            await saving
+        except Exception as exc:
+            self._settle(covered, exc)
+        else:
+            self._settle(covered, self._closed)
         finally:
-            self._task = None
+            current = asyncio.current_task()
+            if current is not None:
+                self._inflight.discard(current)
+            self._start_saves()
 
     def _settle(self, covered: int, error: BaseException | None) -> None:
         ready = []
@@ -162,6 +192,8 @@ class ManagerBase:
         consumer = found.consumers.get(name)
         if consumer is None:
             raise self._not_found(stream, name)
+        if consumer.closed is not None:  # held out of service (manager.replace_committed)
+            raise consumer.closed
         return found, consumer
 
     @staticmethod
@@ -186,7 +218,13 @@ class ManagerBase:
 
     def _add(self, found: ServedStream, state: DeliveryState) -> ServedConsumer:
         consumer = ServedConsumer(state=state)
-        consumer.flusher = Flusher(lambda: self._begin_save(found, consumer))
+        # A save calls store.save in its first step, so saves started in snapshot order reach
+        # the store in that order (its contract keeps call order). A work-queue save removes
+        # messages first, and a later save must not overtake it: one at a time there.
+        inflight_max = (1 if found.retention == types_pb2.RETENTION_POLICY_WORK_QUEUE
+                        else limits.consumer_saves_inflight_max)
+        consumer.flusher = Flusher(lambda: self._begin_save(found, consumer),
+                                   inflight_max=inflight_max)
         found.consumers[state.name] = consumer
         return consumer
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation
@@ -127,6 +127,12 @@ class Storage:
             it.prev()
         return None
 
+    def checkpoint(self, path: Path) -> None:
+        """A consistent copy of the whole database in `path` (which must not exist yet): hard
+        links to its table files, memtables flushed first. Any thread; the database keeps
+        serving meanwhile. The copy is the caller's to remove."""
+        Checkpoint(self.db).create_checkpoint(str(path))
+
     def sync(self) -> None:
         """fsyncs the WAL; releases the GIL while it waits."""
         self.db.flush_wal(True)
@@ -152,6 +158,8 @@ class GroupCommitter:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.fsyncs = 0
+        # Told how many `durable()` callers each fsync released (the node's metrics), or None.
+        self.on_batch: Callable[[int], None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -189,7 +197,10 @@ class GroupCommitter:
 
     def _resolve(self, generation: int) -> None:
         self._synced = max(self._synced, generation)
-        settle(future for wanted, future in self._waiters if wanted <= self._synced)
+        ready = [future for wanted, future in self._waiters if wanted <= self._synced]
+        settle(ready)
+        if self.on_batch is not None and ready:
+            self.on_batch(len(ready))
         self._waiters = [(wanted, future) for wanted, future in self._waiters
                          if wanted > self._synced]
 

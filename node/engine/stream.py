@@ -6,7 +6,9 @@
 - `stream_retention` limits, age expiry, removal and purges;
 - `stream_publish`   checks, seq assignment and the commit wait of a publish;
 - `stream_replica`   the replica side: a primary's batches (checked by replica_batch.py),
-                     fencing.
+                     fencing;
+- `stream_repair`    an audit's repair of a copy this node does not serve (on top of
+                     `stream_replica`).
 The role constants are re-exported here for the layers above (cluster, replication).
 """
 
@@ -15,10 +17,10 @@ from __future__ import annotations
 from raftlog.node.engine.stream_core import ROLE_PRIMARY, ROLE_REPLICA
 from raftlog.node.engine.stream_publish import StreamPublishing
 from raftlog.node.engine.stream_reads import StreamReads
-from raftlog.node.engine.stream_replica import StreamReplica
+from raftlog.node.engine.stream_repair import StreamRepair
 
 __all__ = ["ROLE_PRIMARY", "ROLE_REPLICA", "Stream"]
 
 
-class Stream(StreamPublishing, StreamReads, StreamReplica):
+class Stream(StreamPublishing, StreamReads, StreamRepair):
     """One stream on this node (see the module docstring)."""

@@ -122,6 +122,21 @@ class StreamPublishing(StreamRetention):
                     last_subject_seq=current,
                 )
 
+    def _check_room(self, size: int) -> None:
+        """DISCARD_NEW: STREAM_FULL for a message that would take the stream past max_msgs or
+        max_bytes (nothing of the stream is removed for it)."""
+        config, record = self.config, self.record
+        if config.max_msgs and record.messages + 1 > config.max_msgs:
+            what = f"{config.max_msgs} messages"
+        elif config.max_bytes and record.bytes + size > config.max_bytes:
+            what = f"{config.max_bytes} bytes"
+        else:
+            return
+        raise RaftlogError(
+            Reason.STREAM_FULL, f"stream {self.name!r} holds {what}, its limit, and refuses "
+            "new messages (discard new) until some expire, are acknowledged or purged",
+            stream=self.name, retry_after_ms=limits.stream_full_retry_after_ms)
+
     def _duplicate_of(self, msg_id: str, now_ms: int) -> int | None:
         found = self.dedupe.get(msg_id)
         if found is None:
@@ -155,6 +170,7 @@ class StreamPublishing(StreamRetention):
             .SerializeToString()
         size_max = self.max_message_bytes
         check_limits = self._has_limits()
+        refuse_full = check_limits and self.config.discard == types_pb2.DISCARD_NEW
         record, stats = self.record, self.subject_stats
         results: list[Appended | RaftlogError] = []
         wait_seq = 0
@@ -182,6 +198,8 @@ class StreamPublishing(StreamRetention):
                         continue
                 if expects:
                     self._check_expectations(entry)
+                if refuse_full:
+                    self._check_room(size)
             except RaftlogError as err:
                 results.append(err)
                 continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from raftlog.base import limits
@@ -84,6 +84,9 @@ class StreamEngine:
         self._config_locks: dict[str, asyncio.Lock] = {}  # one config change at a time
         self._pruned_by_config: dict[str, int] = {}  # see pruned_by_config()
         self._sweeper: asyncio.Task[None] | None = None
+        # The user who owns a stream, from the cluster's metadata (set by the node in cluster
+        # mode; a standalone node has no users).
+        self.owner_of: Callable[[str], str] = lambda name: ""
 
     # ----------------------------------------------------------------- startup
 
@@ -129,6 +132,7 @@ class StreamEngine:
             config=stream.config,
             state=stream.state(consumers=self.consumers.consumer_count(name)),
             created_ms=stream.record.created_ms,
+            owner=self.owner_of(name),
         )
 
     def infos(self, prefix: str = "") -> list[types_pb2.StreamInfo]:

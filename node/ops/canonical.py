@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from raftlog.node.transport.forwarding import Forward
-from raftlog.v1 import cluster_pb2, consumers_pb2, streams_pb2, types_pb2
+from raftlog.v1 import cluster_pb2, consumers_pb2, streams_pb2, topics_pb2, types_pb2
 
 M = TypeVar("M", bound=Message)
 
@@ -25,6 +25,7 @@ def _forward(service: Any, method: str, answer: type[M]) -> Forward[M]:
 _STREAMS = streams_pb2.DESCRIPTOR.services_by_name["Streams"]
 _CONSUMERS = consumers_pb2.DESCRIPTOR.services_by_name["Consumers"]
 _CLUSTER = cluster_pb2.DESCRIPTOR.services_by_name["Cluster"]
+_TOPICS = topics_pb2.DESCRIPTOR.services_by_name["Topics"]
 
 CREATE_STREAM = _forward(_STREAMS, "CreateStream", types_pb2.StreamInfo)
 UPDATE_STREAM = _forward(_STREAMS, "UpdateStream", streams_pb2.UpdateStreamResponse)
@@ -40,6 +41,8 @@ SCAN_SUBJECT = _forward(_STREAMS, "ScanExactAtSubject", streams_pb2.ScanExactAtS
 PUBLISH = _forward(_STREAMS, "Publish", streams_pb2.PublishAck)
 PUBLISH_BATCH = _forward(_STREAMS, "PublishBatch", streams_pb2.PublishBatchResponse)
 PUBLISH_STREAM = _forward(_STREAMS, "PublishStream", streams_pb2.PublishBatchResponse)
+READ_MESSAGES = _forward(_STREAMS, "ReadMessages", streams_pb2.ReadMessagesResponse)
+GET_STREAM_SOURCES = _forward(_STREAMS, "GetStreamSources", streams_pb2.GetStreamSourcesResponse)
 
 CREATE_CONSUMER = _forward(_CONSUMERS, "CreateConsumer", consumers_pb2.ConsumerInfo)
 DELETE_CONSUMER = _forward(_CONSUMERS, "DeleteConsumer", consumers_pb2.DeleteConsumerResponse)
@@ -56,3 +59,7 @@ JOIN_NODE = _forward(_CLUSTER, "JoinNode", cluster_pb2.ClusterStatus)
 LEAVE_NODE = _forward(_CLUSTER, "LeaveNode", cluster_pb2.ClusterStatus)
 MIGRATE_STREAM = _forward(_CLUSTER, "MigrateStream", cluster_pb2.MigrateStreamResponse)
 REBALANCE_STREAMS = _forward(_CLUSTER, "RebalanceStreams", cluster_pb2.RebalanceStreamsResponse)
+SET_CONSUMER_STATE = _forward(_CLUSTER, "SetConsumerState",
+                              cluster_pb2.SetConsumerStateResponse)
+# One partition's group offsets, sent to that partition's primary (ops/partitions.py).
+SET_TOPIC_OFFSETS = _forward(_TOPICS, "SetTopicOffsets", topics_pb2.TopicOffsets)

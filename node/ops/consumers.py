@@ -15,7 +15,7 @@ from raftlog.node.ops import canonical, route
 from raftlog.node.ops.metadata import ConsumerMetadata
 from raftlog.node.ops.route import Route
 from raftlog.node.ops.subscribe import Subscription, at_most
-from raftlog.node.transport import rpc
+from raftlog.node.transport import auth, rpc
 from raftlog.node.transport.calls import Call
 from raftlog.node.transport.forwarding import Forward
 from raftlog.v1 import consumers_pb2
@@ -73,6 +73,7 @@ class ConsumerOps:
     async def create(self, request: consumers_pb2.CreateConsumerRequest, via: Call
                      ) -> consumers_pb2.ConsumerInfo:
         _names(request.stream)
+        auth.current().require_admin("consumer")
         return await self._on_primary(
             canonical.CREATE_CONSUMER, request, via,
             lambda: self._metadata.create_consumer(request.stream, request.config, via))
@@ -80,6 +81,7 @@ class ConsumerOps:
     async def delete(self, request: consumers_pb2.DeleteConsumerRequest, via: Call
                      ) -> consumers_pb2.DeleteConsumerResponse:
         _names(request.stream, request.consumer)
+        auth.current().require_admin("consumer")
 
         async def local() -> consumers_pb2.DeleteConsumerResponse:
             await self._metadata.delete_consumer(request.stream, request.consumer, via)
@@ -113,6 +115,7 @@ class ConsumerOps:
     async def fetch(self, request: consumers_pb2.FetchRequest, via: Call
                     ) -> consumers_pb2.FetchResponse:
         _names(request.stream, request.consumer)
+        auth.current().require_subscribe(request.stream, request.consumer)
         batch = at_most("batch", request.batch or 1, high=limits.fetch_batch_max)
         max_wait_ms = at_most("max_wait_ms", request.max_wait_ms, high=limits.fetch_wait_ms_max)
 
@@ -128,6 +131,7 @@ class ConsumerOps:
                       ) -> consumers_pb2.AckResponse:
         """Ack, Nak, Term or InProgress: one result per requested seq, in request order."""
         _names(request.stream, request.consumer)
+        auth.current().require_subscribe(request.stream, request.consumer)
         seqs = _seqs(request.seqs)
 
         async def local() -> consumers_pb2.AckResponse:
@@ -162,6 +166,7 @@ class ConsumerOps:
                         ) -> AsyncIterator[consumers_pb2.SubscribeEvent]:
         """Events as Subscription describes them, from the stream's primary."""
         _names(request.stream, request.consumer)
+        auth.current().require_subscribe(request.stream, request.consumer)
         subscription = Subscription(self._manager, request, confirm=self._confirm_gone(via))
 
         async def local() -> AsyncIterator[consumers_pb2.SubscribeEvent]:

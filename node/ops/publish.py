@@ -2,8 +2,9 @@
 
 A stream of messages served here is staged as it arrives (one WriteBatch per run of the same
 stream) and awaits durability once per window of limits.stream_publish_inflight_max; in a
-cluster the messages for streams served elsewhere are gathered per node and sent on as one
-client stream each (the split), and every message gets its own result in order.
+cluster the messages are gathered per destination (here, or a node serving their stream) and
+sent on in client streams of bounded size (the split), and every message gets its own result in
+order.
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ from raftlog.node.engine.stream_publish import Appended
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.ops import canonical, route
 from raftlog.node.ops.batches import expand_results
+from raftlog.node.ops.quotas import QuotaBook, Rates, stream_key
 from raftlog.node.ops.route import Route
 from raftlog.node.transport import rpc
 from raftlog.node.transport.calls import Call
-from raftlog.v1 import streams_pb2
+from raftlog.v1 import streams_pb2, types_pb2
 
 Indexed = list[tuple[int, streams_pb2.PublishRequest]]
+# Scheduling is served by Publish only (ops/schedule.py): a streamed message naming a
+# deliver_at_ms fails alone rather than entering its stream at once.
+_NOT_STREAMED = RaftlogError(Reason.INVALID_ARGUMENT, "deliver_at_ms is served by Publish, not "
+                             "PublishStream", field="deliver_at_ms")
 
 
 def ack(stream: str, outcome: Appended, *, primary: str) -> streams_pb2.PublishAck:
@@ -82,10 +88,13 @@ def check_batch(entries: int) -> None:
 class LocalStream:
     """One PublishStream call's messages for streams served here."""
 
-    def __init__(self, engine: StreamEngine, *, primary: str) -> None:
-        """`primary`: this node's id, for the acknowledgements."""
+    def __init__(self, engine: StreamEngine, *, primary: str,
+                 quotas: QuotaBook | None = None) -> None:
+        """`primary`: this node's id, for the acknowledgements; `quotas`: the node's publish
+        quotas (none: not checked)."""
         self._engine = engine
         self._primary = primary
+        self._quotas = quotas
         self._names: list[str] = []
         self._outcomes: list[Appended | RaftlogError] = []
         self._pending: dict[str, int] = {}
@@ -97,6 +106,12 @@ class LocalStream:
         chunk: list[streams_pb2.PublishRequest] = []
         staged = 0
         async for request in requests:
+            if request.deliver_at_ms:
+                staged += self._stage(chunk) if chunk else 0
+                chunk = []
+                self._names.append(request.stream)
+                self._outcomes.append(_NOT_STREAMED)
+                continue
             if chunk and (request.stream != chunk[0].stream
                           or len(chunk) >= limits.stream_publish_chunk_max):
                 staged += self._stage(chunk)
@@ -117,14 +132,28 @@ class LocalStream:
         self._names.extend([name] * len(chunk))
         try:
             subjects.validate_name(name, what="stream")
-            results, wait_seq = self._engine.get(name).publish_staged(chunk)
+            stream = self._engine.get(name)
+            refused = self._refused(name, stream.config, chunk)
+            admitted = chunk[:len(chunk) - len(refused)]
+            results, wait_seq = stream.publish_staged(admitted) if admitted else ([], 0)
         except RaftlogError as err:
             self._outcomes.extend([err] * len(chunk))
             return 0
         self._outcomes.extend(results)
+        self._outcomes.extend(refused)
         if wait_seq:
             self._pending[name] = max(self._pending.get(name, 0), wait_seq)
-        return len(chunk)
+        return len(admitted)
+
+    def _refused(self, name: str, config: types_pb2.StreamConfig,
+                 chunk: list[streams_pb2.PublishRequest]) -> list[RaftlogError]:
+        """The refusals of the tail of `chunk` past the stream's quotas (quotas.py admits a
+        prefix of a run, message by message)."""
+        rates = Rates.of_stream(config)
+        if self._quotas is None or not rates:
+            return []
+        outcomes = self._quotas.admit_each(stream_key(name), rates, chunk)
+        return [err for err in outcomes if err is not None]
 
     async def _commit(self) -> None:
         """Awaits the commit of each stream's staged messages. A stream whose commit fails
@@ -147,32 +176,24 @@ async def _items(items: Indexed) -> AsyncIterator[streams_pb2.PublishRequest]:
 
 
 async def split_stream(engine: StreamEngine, where: Route,
-                       requests: AsyncIterator[streams_pb2.PublishRequest], via: Call
+                       requests: AsyncIterator[streams_pb2.PublishRequest], via: Call,
+                       *, quotas: QuotaBook | None = None
                        ) -> streams_pb2.PublishBatchResponse:
     """Messages for streams served here are published here; the rest are gathered per node
-    and sent to it as one PublishStream at the end of the call."""
-    local: Indexed = []
-    remote: dict[str, Indexed] = {}
+    and sent to it in PublishStream calls. A destination's gathered messages go as soon as they
+    reach limits.stream_split_messages_max or limits.stream_split_bytes_max (the call reads no
+    further meanwhile), the rest at the end of the call: what a call holds is bounded."""
     results: list[streams_pb2.PublishResult | None] = []
-    async for request in requests:
-        index = len(results)
-        results.append(None)
-        try:
-            address = where.primary(request.stream)
-        except RaftlogError as err:
-            results[index] = streams_pb2.PublishResult(error=rpc.to_error_pb(err))
-            continue
+    # Gathered messages and their bytes, by destination (None: here).
+    gathered: dict[str | None, Indexed] = {}
+    gathered_bytes: dict[str | None, int] = {}
+
+    async def send(address: str | None, items: Indexed) -> None:
         if address is None:
-            local.append((index, request))
-        else:
-            remote.setdefault(address, []).append((index, request))
-
-    async def here() -> None:
-        if local:
-            reply = await LocalStream(engine, primary=where.node_id).run(_items(local))
-            _place(local, expand_results(reply), results)
-
-    async def there(address: str, items: Indexed) -> None:
+            reply = await LocalStream(engine, primary=where.node_id,
+                                      quotas=quotas).run(_items(items))
+            _place(items, expand_results(reply), results)
+            return
         try:
             reply = await route.client_stream(where, address, canonical.PUBLISH_STREAM,
                                               [request for _, request in items], via)
@@ -181,7 +202,23 @@ async def split_stream(engine: StreamEngine, where: Route,
             outcomes = [streams_pb2.PublishResult(error=rpc.to_error_pb(err))] * len(items)
         _place(items, outcomes, results)
 
-    await asyncio.gather(here(), *(there(address, items) for address, items in remote.items()))
+    async for request in requests:
+        index = len(results)
+        results.append(None)
+        try:
+            address = where.primary(request.stream)
+        except RaftlogError as err:
+            results[index] = streams_pb2.PublishResult(error=rpc.to_error_pb(err))
+            continue
+        items = gathered.setdefault(address, [])
+        items.append((index, request))
+        gathered_bytes[address] = gathered_bytes.get(address, 0) + request.ByteSize()
+        if len(items) >= limits.stream_split_messages_max or \
+                gathered_bytes[address] >= limits.stream_split_bytes_max:
+            del gathered[address], gathered_bytes[address]
+            await send(address, items)
+
+    await asyncio.gather(*(send(address, items) for address, items in gathered.items()))
     final = [r or streams_pb2.PublishResult() for r in results]
     failed = sum(1 for r in final if r.HasField("error"))
     return streams_pb2.PublishBatchResponse(results=final, acked=len(final) - failed,

@@ -9,6 +9,7 @@ as the operations route them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from raftlog.base import limits, subjects
@@ -21,6 +22,7 @@ from raftlog.node.consumers.manager import ConsumerManager
 from raftlog.node.engine.stream_config import apply_update, validate_config
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.ops import canonical
+from raftlog.node.transport import auth
 from raftlog.node.transport.calls import LOCAL_HEADER, Call
 from raftlog.node.transport.forwarding import Forwarder
 from raftlog.v1 import consumers_pb2, streams_pb2, types_pb2
@@ -46,20 +48,53 @@ class RaftMetadata:
                             ) -> types_pb2.StreamInfo:
         config = validate_config(config)
         existing = self._cluster.state.streams.get(config.name)
+        if existing is None and self._cluster.placement_short(config):
+            # This node's view may lack members that joined a moment ago (or the stream):
+            # read the metadata at the leader's commit before placing on fewer members.
+            await self._cluster.propose(raft_pb2.RaftCommand(barrier=raft_pb2.Barrier()),
+                                        timeout_s=via.remaining_s())
+            existing = self._cluster.state.streams.get(config.name)
         if existing is None:
             primary, replicas = self._cluster.new_placement(config)
             if primary != self._cluster.node_id:  # the ring moved under the router
                 raise RaftlogError(Reason.NOT_PRIMARY, f"stream {config.name!r} belongs on "
                                    f"{primary}", primary=primary)
+            caller = auth.current()
+            owner = caller.name if caller.rules is not None else ""  # SYSTEM owns nothing
             await self._cluster.propose(raft_pb2.RaftCommand(stream_create=raft_pb2.StreamCreate(
-                config=config, replicas=replicas, primary=primary)),
+                config=config, replicas=replicas, primary=primary, owner=owner)),
                 timeout_s=via.remaining_s())
         elif existing.config != config:
             raise RaftlogError(Reason.STREAM_EXISTS,
                                f"stream {config.name!r} exists with a different config",
                                stream=config.name)
         await self._cluster.reconcile(config.name)
+        await self._until_readable(config.name, via)
         return self._engine.info(config.name)
+
+    async def _until_readable(self, name: str, via: Call) -> None:
+        """Waits (at most limits.stream_ready_wait_s_max, and within the call's deadline)
+        until this node, the new stream's primary, serves it: it holds its first lease from a
+        majority of the replicas. A client's first publish after the create then finds it
+        ready rather than UNAVAILABLE. Past the wait the create still answers: the stream
+        exists, and a call made before it is ready answers UNAVAILABLE (retry)."""
+        loop = asyncio.get_running_loop()
+        wait_s = limits.stream_ready_wait_s_max
+        remaining = via.remaining_s()
+        if remaining is not None:
+            wait_s = min(wait_s, remaining - limits.stream_ready_reserve_ms / 1000)
+        deadline = loop.time() + wait_s
+        while True:
+            stream = self._engine.streams.get(name)
+            if stream is None:
+                return  # deleted meanwhile: nothing to wait for
+            try:
+                stream.check_readable()
+                return
+            except RaftlogError as err:
+                if err.status_name != "UNAVAILABLE" or loop.time() >= deadline:
+                    return
+            await asyncio.sleep(limits.stream_ready_poll_ms / 1000)
 
     async def update_stream(self, request: streams_pb2.UpdateStreamRequest, via: Call
                             ) -> streams_pb2.UpdateStreamResponse:
@@ -68,6 +103,8 @@ class RaftMetadata:
             raise RaftlogError(Reason.STREAM_NOT_FOUND, f"no stream named {request.name!r}",
                                stream=request.name)
         config = apply_update(assignment.config, request)
+        if config.replicas != assignment.config.replicas:
+            self._cluster.check_replicas(config)
         self._engine.consumers.check_stream_subjects(request.name, list(config.subjects))
         # Reconcile may apply the committed config (and prune) before this call does.
         pruned_before = self._engine.pruned_by_config(request.name)
@@ -91,6 +128,12 @@ class RaftMetadata:
         config, when its primary does not answer); a fan-out call lists this node's own."""
         if via.local_only:
             return list(self._engine.infos(prefix))
+        # Read the metadata at the leader's commit (a node restarted a moment ago may not have
+        # applied every create yet); without a leader, this node's view is the best there is.
+        with contextlib.suppress(RaftlogError):
+            await self._cluster.propose(raft_pb2.RaftCommand(barrier=raft_pb2.Barrier()),
+                                        timeout_s=min(via.timeout_s(),
+                                                      limits.list_barrier_wait_s_max))
         with self._cluster.group.read_state() as state:
             assignments = {name: stream.config for name, stream in state.streams.items()
                            if name.startswith(prefix)}

@@ -132,9 +132,13 @@ class ClusterViews:
             timeout_s=via.remaining_s())
         return cluster_pb2.SetStreamPinnedResponse()
 
-    async def stream_stats(self, via: Call) -> cluster_pb2.ClusterStreamStats:
+    async def stream_stats(self, via: Call, *, local_only: bool = False
+                           ) -> cluster_pb2.ClusterStreamStats:
+        """Every member's streams (each member asked at once; one that does not answer is a
+        row with reachable=false); with `local_only`, this node's alone, asking no one."""
         with self._cluster.group.read_state() as state:
-            members = {m.node_id: m.grpc_address for m in state.members.values()}
+            members = {m.node_id: m.grpc_address for m in state.members.values()
+                       if not local_only or m.node_id == self._cluster.node_id}
             primaries = {name: s.primary for name, s in state.streams.items()}
         replies = await asyncio.gather(*(self._metadata.node_streams(node_id, address, via)
                                          for node_id, address in members.items()))

@@ -5,10 +5,12 @@ the metadata rules before it is answered.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raftlog.base import limits, subjects
+from raftlog.base.clock import SystemClock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.streams import StreamEngine
@@ -21,10 +23,23 @@ from raftlog.node.ops.publish import (
     check_batch,
     split_stream,
 )
+from raftlog.node.ops.quotas import (
+    QuotaBook,
+    Rates,
+    admit_caller,
+    message_bytes,
+    stream_key,
+)
+from raftlog.node.ops.reads import read_messages
 from raftlog.node.ops.route import Route
-from raftlog.node.transport.calls import Call
+from raftlog.node.ops.source_status import TailRegistry
+from raftlog.node.transport import auth
+from raftlog.node.transport.calls import LOCAL_HEADER, Call
 from raftlog.node.transport.forwarding import Forward
 from raftlog.v1 import streams_pb2, types_pb2
+
+if TYPE_CHECKING:
+    from raftlog.node.ops.schedule import ScheduleOps
 
 Resp = TypeVar("Resp")
 
@@ -41,6 +56,11 @@ class StreamOps:
         self._engine = engine
         self._metadata = metadata
         self._where = where
+        self.tails = TailRegistry()  # the source tails this node runs (sources.py fills it)
+        # Publishes with a future deliver_at_ms (schedule.py; operations.py sets it).
+        self.schedule: ScheduleOps | None = None
+        # The publish quotas of the streams served here (quotas.py, docs/quotas.md).
+        self.quotas = QuotaBook(SystemClock())
 
     async def _on_primary(self, call: Forward[Resp], stream: str, request: Any, via: Call,
                           local: Callable[[], Awaitable[Resp]]) -> Resp:
@@ -59,11 +79,26 @@ class StreamOps:
     def _stream(self, name: str) -> Stream:
         return self._engine.get(name)
 
+    def _admit(self, name: str, drafts: Sequence[Any]) -> None:
+        """Charges a publish to its stream's quotas, whole (RATE_LIMITED: nothing of it is
+        stored); on the stream's primary, before anything is staged."""
+        rates = Rates.of_stream(self._stream(name).config)
+        if rates:
+            self.quotas.admit(stream_key(name), rates, msgs=len(drafts),
+                              bytes_total=sum(message_bytes(d) for d in drafts))
+
+    def scheduled(self) -> ScheduleOps:
+        """The scheduled-message operations (operations.py always sets them)."""
+        if self.schedule is None:
+            raise RaftlogError(Reason.INTERNAL, "this node does not schedule messages")
+        return self.schedule
+
     # ------------------------------------------------------------------ metadata
 
     async def create(self, request: streams_pb2.CreateStreamRequest, via: Call
                      ) -> types_pb2.StreamInfo:
         name = request.config.name
+        auth.current().require_admin("stream")
         address = self._where.primary(name)  # a new stream's ring owner creates it
         return await route.unary(self._where, address, canonical.CREATE_STREAM, request, via,
                                  lambda: self._metadata.create_stream(request.config, via))
@@ -71,12 +106,14 @@ class StreamOps:
     async def update(self, request: streams_pb2.UpdateStreamRequest, via: Call
                      ) -> streams_pb2.UpdateStreamResponse:
         subjects.validate_name(request.name, what="stream")
+        auth.current().require_admin("stream")
         return await self._on_primary(canonical.UPDATE_STREAM, request.name, request, via,
                                       lambda: self._metadata.update_stream(request, via))
 
     async def delete(self, request: streams_pb2.DeleteStreamRequest, via: Call
                      ) -> streams_pb2.DeleteStreamResponse:
         subjects.validate_name(request.name, what="stream")
+        auth.current().require_admin("stream")
 
         async def local() -> streams_pb2.DeleteStreamResponse:
             await self._metadata.delete_stream(request.name, via)
@@ -99,7 +136,9 @@ class StreamOps:
         async def local() -> types_pb2.StreamInfo:
             # Its last_seq is a read of the log: served under the same rules as messages.
             self._engine.get(request.name).check_readable()
-            return self._engine.info(request.name)
+            info = self._engine.info(request.name)
+            info.sources.extend(self.tails.statuses(request.name))
+            return info
 
         return await self._on_primary(canonical.GET_STREAM_INFO, request.name, request, via,
                                       local)
@@ -107,6 +146,7 @@ class StreamOps:
     async def purge(self, request: streams_pb2.PurgeStreamRequest, via: Call
                     ) -> streams_pb2.PurgeStreamResponse:
         subjects.validate_name(request.name, what="stream")
+        auth.current().require_admin("stream")
         if request.subject:
             subjects.validate_pattern(request.subject)
 
@@ -119,6 +159,7 @@ class StreamOps:
     async def get_message(self, request: streams_pb2.GetMessageRequest, via: Call
                           ) -> types_pb2.Message:
         subjects.validate_name(request.stream, what="stream")
+        auth.current().require_subscribe(request.stream)
         if request.seq == 0:
             raise RaftlogError(Reason.INVALID_ARGUMENT, "seq must be at least 1")
 
@@ -133,6 +174,7 @@ class StreamOps:
                           ) -> types_pb2.Message:
         subjects.validate_name(request.stream, what="stream")
         subjects.validate_subject(request.subject)
+        auth.current().require_subject_read(request.subject)
 
         async def local() -> types_pb2.Message:
             stream = self._stream(request.stream)
@@ -145,6 +187,7 @@ class StreamOps:
     async def list_subjects(self, request: streams_pb2.ListSubjectsByPrefixRequest, via: Call
                             ) -> streams_pb2.ListSubjectsByPrefixResponse:
         subjects.validate_name(request.stream, what="stream")
+        auth.current().require_subscribe(request.stream)
         limit = _limit(request.limit, default=limits.list_subjects_limit_default,
                        maximum=limits.list_subjects_limit_max, what="limit")
 
@@ -160,6 +203,7 @@ class StreamOps:
                            ) -> streams_pb2.ScanExactAtSubjectResponse:
         subjects.validate_name(request.stream, what="stream")
         subjects.validate_subject(request.subject)
+        auth.current().require_subject_read(request.subject)
         limit = _limit(request.limit, default=limits.scan_limit_default,
                        maximum=limits.scan_limit_max, what="limit")
 
@@ -171,13 +215,83 @@ class StreamOps:
         return await self._on_primary(canonical.SCAN_SUBJECT, request.stream, request, via,
                                       local)
 
+    async def read_messages(self, request: streams_pb2.ReadMessagesRequest, via: Call
+                            ) -> streams_pb2.ReadMessagesResponse:
+        subjects.validate_name(request.stream, what="stream")
+        if request.filter_subject:
+            auth.current().require_subject_read(request.filter_subject)
+        else:
+            auth.current().require_subscribe(request.stream)
+        if request.filter_subject:
+            subjects.validate_pattern(request.filter_subject)
+        limit = _limit(request.limit, default=limits.source_read_batch_max,
+                       maximum=limits.scan_limit_max, what="limit")
+        _limit(request.max_wait_ms, default=0, maximum=limits.fetch_wait_ms_max,
+               what="max_wait_ms")
+
+        async def local() -> streams_pb2.ReadMessagesResponse:
+            return await read_messages(self._stream(request.stream), request, limit=limit)
+
+        return await self._on_primary(canonical.READ_MESSAGES, request.stream, request, via,
+                                      local)
+
+    async def sources(self, request: streams_pb2.GetStreamSourcesRequest, via: Call
+                      ) -> streams_pb2.GetStreamSourcesResponse:
+        """The tails this node runs and, unless asked for this node only, every other
+        member's (each asked at once, for at most limits.fanout_timeout_s)."""
+        if request.stream:
+            subjects.validate_name(request.stream, what="stream")
+        found = list(self.tails.statuses(request.stream))
+        forwarder = self._where.forwarder
+        others = {node_id: address for node_id, address in self._where.members().items()
+                  if node_id != self._where.node_id}
+        if via.local_only or forwarder is None or not others:
+            return streams_pb2.GetStreamSourcesResponse(sources=found)
+
+        async def ask(address: str) -> list[types_pb2.SourceStatus] | None:
+            try:
+                reply = await forwarder.unary(
+                    address, canonical.GET_STREAM_SOURCES, request, Call(hops=via.hops),
+                    timeout_s=min(via.timeout_s(), limits.fanout_timeout_s),
+                    headers=((LOCAL_HEADER, "1"),))
+            except RaftlogError:
+                return None
+            return list(reply.sources)
+
+        replies = await asyncio.gather(*(ask(address) for address in others.values()))
+        unreachable = []
+        for node_id, reply in zip(others, replies, strict=True):
+            if reply is None:
+                unreachable.append(node_id)
+            else:
+                found.extend(reply)
+        found.sort(key=lambda s: (s.sourcing_stream, s.source_stream, s.node))
+        return streams_pb2.GetStreamSourcesResponse(sources=found,
+                                                    unreachable=sorted(unreachable))
+
     # ------------------------------------------------------------------ publish
 
     async def publish(self, request: streams_pb2.PublishRequest, via: Call
                       ) -> streams_pb2.PublishAck:
+        """Answered once the message is durable; one with a future deliver_at_ms is
+        scheduled instead (PublishAck.scheduled, docs/scheduled.md)."""
         subjects.validate_name(request.stream, what="stream")
+        auth.current().require_publish(request.subject)
+        admit_caller(self.quotas, auth.current(), [request])
+        if request.deliver_at_ms:
+            if self.schedule is None:
+                raise RaftlogError(Reason.INVALID_ARGUMENT, "this node does not schedule "
+                                   "messages", field="deliver_at_ms")
+            scheduled = await self.schedule.maybe_schedule(request, via)
+            if scheduled is not None:
+                return scheduled
+            now = streams_pb2.PublishRequest()
+            now.CopyFrom(request)
+            now.ClearField("deliver_at_ms")  # due: a node with a slower clock must not wait
+            request = now
 
         async def local() -> streams_pb2.PublishAck:
+            self._admit(request.stream, [request])
             (outcome,) = await self._engine.publish(request.stream, [request])
             if isinstance(outcome, RaftlogError):
                 raise outcome
@@ -189,8 +303,12 @@ class StreamOps:
                             ) -> streams_pb2.PublishBatchResponse:
         subjects.validate_name(request.stream, what="stream")
         check_batch(len(request.entries))
+        for entry in request.entries:  # all or nothing: a denied entry stores none
+            auth.current().require_publish(entry.subject)
+        admit_caller(self.quotas, auth.current(), request.entries)
 
         async def local() -> streams_pb2.PublishBatchResponse:
+            self._admit(request.stream, request.entries)
             outcomes = await self._engine.publish(request.stream, request.entries)
             return batch_response([request.stream] * len(outcomes), outcomes,
                                   primary=self._where.node_id)
@@ -200,7 +318,21 @@ class StreamOps:
 
     async def publish_stream(self, requests: AsyncIterator[streams_pb2.PublishRequest],
                              via: Call) -> streams_pb2.PublishBatchResponse:
-        """One result per message in order; messages for streams served elsewhere go there."""
+        """One result per message in order; messages for streams served elsewhere go there.
+        A message the caller may not publish ends the call with PERMISSION_DENIED, one past the
+        caller's publish rate with RATE_LIMITED (the messages before it are stored)."""
+        requests = _permitted(requests, self.quotas)
         if self._where.forwarder is None:
-            return await LocalStream(self._engine, primary=self._where.node_id).run(requests)
-        return await split_stream(self._engine, self._where, requests, via)
+            return await LocalStream(self._engine, primary=self._where.node_id,
+                                     quotas=self.quotas).run(requests)
+        return await split_stream(self._engine, self._where, requests, via,
+                                  quotas=self.quotas)
+
+
+async def _permitted(requests: AsyncIterator[streams_pb2.PublishRequest], quotas: QuotaBook
+                     ) -> AsyncIterator[streams_pb2.PublishRequest]:
+    identity = auth.current()  # taken now: the iteration may run in another task
+    async for request in requests:
+        identity.require_publish(request.subject)
+        admit_caller(quotas, identity, [request])
+        yield request

@@ -44,6 +44,7 @@ from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import raft_pb2, replication_pb2
 from raftlog.node.engine.stream import Stream
 from raftlog.node.replication.links import LinkCall, LinkReset, LinkTransport
+from raftlog.node.transport import logctx
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,10 @@ class PeerLink:
             self._call.cancel()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(),
-                                                            name=f"link-{self.node_id}")
+        # A link serves every stream it carries: it takes none of the fields of the block that
+        # first needed it (a reconcile of one stream).
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"link-{self.node_id}", context=logctx.background())
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -385,7 +388,8 @@ class StreamReplicator:
         progress.reset()
         if ack.refused == Reason.STALE_EPOCH.name and ack.replica_epoch > self.epoch:
             log.warning("stream %s: replica %s is at epoch %d, above ours (%d); stepping down",
-                        self.stream.name, progress.node_id, ack.replica_epoch, self.epoch)
+                        self.stream.name, progress.node_id, ack.replica_epoch, self.epoch,
+                        extra=self._log_fields())
             self.stop()
             self.stream.depose(RaftlogError(
                 Reason.NOT_PRIMARY, f"this node is no longer the primary of "
@@ -398,9 +402,13 @@ class StreamReplicator:
             return
         log.info("stream %s: replica %s refused a batch: %s %s; asking again in %.1f s",
                  self.stream.name, progress.node_id, ack.refused, ack.message,
-                 limits.replication_refused_retry_s)
+                 limits.replication_refused_retry_s, extra=self._log_fields())
         # e.g. its copy is being created
         self._links.retry(self, after_s=limits.replication_refused_retry_s)
+
+    def _log_fields(self) -> dict[str, str | int]:
+        """A line about this stream, written from a link's task (which serves many)."""
+        return logctx.fields(stream=self.stream.name, epoch=self.epoch)
 
     def _trim_removed_log(self) -> None:
         done = min(p.removed_cursor for p in self.progress.values())

@@ -4,7 +4,9 @@
 seq), applied to the local copy, made durable, and only then acknowledged with the last seq
 held. Refusals carry the reason and this node's position, and change nothing stored.
 `GetReplicaState` (with a fence epoch) is the failover survey; `ReadLocal` shows the local copy
-whatever this node's role; `Ping` is the liveness probe.
+whatever this node's role; `Repair` mends it for an audit, and `RepairConsumer` removes a
+consumer record from the node's own consumer store (unused by a cluster member: see the
+method); `Ping` is the liveness probe.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
-from raftlog.base import limits
+from raftlog.base import limits, subjects
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
-from raftlog.internal import replication_pb2, replication_pb2_grpc
+from raftlog.internal import replication_pb2, replication_pb2_grpc, storage_pb2
 from raftlog.node.engine.storage import GroupCommitter
 from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
 from raftlog.node.engine.streams import StreamEngine
-from raftlog.node.transport import rpc
+from raftlog.node.transport import logctx, rpc
 from raftlog.node.transport.credentials import Credential
 
 log = logging.getLogger(__name__)
@@ -30,21 +32,40 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
+class ConsumerCopies(Protocol):
+    """The node's own consumer store (node/consumers/rocks_store.py on the node's RocksDB),
+    as far as `RepairConsumer` uses it."""
+
+    def load(self, stream: str) -> list[storage_pb2.ConsumerRecord]: ...
+
+    async def delete(self, stream: str, name: str) -> None:
+        """Durable on return."""
+        ...
+
+
 class ReplicationService(replication_pb2_grpc.ReplicationServicer):
     def __init__(self, *, node_id: str, engine: StreamEngine, committer: GroupCommitter,
                  ensure_replica: Callable[[str], Any],
                  health: Callable[[], replication_pb2.PingReply] | None = None,
-                 credential: Credential | None = None) -> None:
+                 credential: Credential | None = None,
+                 consumer_copies: ConsumerCopies | None = None) -> None:
         """`ensure_replica(stream)` creates the local copy of a stream this node is a replica
         of (per the committed assignment) and returns it, or raises RaftlogError. `health()`
-        is what a Ping is answered with; `credential` answers a Ping's challenge."""
+        is what a Ping is answered with; `credential` answers a Ping's challenge.
+        `consumer_copies` is the node's own consumer store (None: the node has none, and
+        `RepairConsumer` finds nothing to remove)."""
         self._node_id = node_id
+        self._consumer_copies = consumer_copies
         self._engine = engine
         self._committer = committer
         self._ensure_replica = ensure_replica
         self._health = health or (lambda: replication_pb2.PingReply(node_id=node_id))
         self._credential = credential
         self.refusals = 0
+        # Metrics hooks (node/transport/metrics.py; None: no --metrics): a batch accepted and
+        # durable here (messages, bytes of their stored values), a batch refused (reason).
+        self.on_applied: Callable[[int, int], None] | None = None
+        self.on_refused: Callable[[str], None] | None = None
         # Heartbeat commit notices not yet applied in full: name -> (stream, epoch, commit seq). A
         # notice is applied after the fsync of the batches it came with, and what lies above
         # durable_seq waits here for the batches that make it durable: the primary tells a
@@ -155,6 +176,8 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             if stream is not None and not ack.refused:
                 stream.durable_seq = max(stream.durable_seq, ack.last_seq)
                 stream.set_commit_seq(request.commit_seq)
+                if self.on_applied is not None:
+                    self.on_applied(len(request.messages), sum(map(len, request.messages)))
         if self._commit_notices:
             self._apply_commit_notices()
         return [ack for ack, _, _ in accepted]
@@ -202,10 +225,13 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             return ack, stream, bool(request.messages or request.removed or request.reseed)
         except RaftlogError as err:
             self.refusals += 1
+            if self.on_refused is not None:
+                self.on_refused(err.reason.name)
             if err.reason not in (Reason.SEQ_GAP,):
                 log.warning("refused a batch of %s from %s (epoch %d, seq %d): %s %s",
                             request.stream, request.primary, request.epoch, request.first_seq,
-                            err.reason.name, err.message)
+                            err.reason.name, err.message,
+                            extra=logctx.fields(stream=request.stream, epoch=request.epoch))
             ack.refused = err.reason.name
             ack.message = err.message
             ack.last_seq = int(err.metadata.get("last_seq", stream.last_seq if stream else 0))
@@ -298,6 +324,73 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         reply.messages.extend(replication_pb2.LocalMessage(seq=first + i, stored=value)
                               for i, value in enumerate(values) if value)
         return reply
+
+    @rpc.unary
+    async def Repair(self, request: replication_pb2.RepairRequest,
+                     context: Context) -> replication_pb2.RepairReply:
+        """One step of an audit's repair plan on the local copy (node/engine/stream_repair.py);
+        durable before the answer."""
+        stream = self._engine.streams.get(request.stream)
+        if stream is None:
+            raise RaftlogError(Reason.STREAM_NOT_FOUND, f"this node holds no copy of "
+                               f"{request.stream!r}", stream=request.stream)
+        stream.check_repairable(
+            expect_last_seq=request.expect_last_seq if request.HasField("expect_last_seq")
+            else None,
+            expect_epoch=request.expect_epoch if request.HasField("expect_epoch") else None)
+        action = request.WhichOneof("action")
+        if action == "truncate_after":
+            changed = stream.repair_truncate(request.truncate_after)
+        elif action == "put":
+            if len(request.put.messages) > limits.read_local_limit_max:
+                raise RaftlogError(Reason.BATCH_TOO_LARGE, f"a repair stores at most "
+                                   f"{limits.read_local_limit_max} messages per call",
+                                   limit=limits.read_local_limit_max)
+            changed = stream.repair_put([(m.seq, m.stored) for m in request.put.messages])
+        elif action == "reset_to":
+            changed = stream.repair_reset(request.reset_to)
+        else:
+            raise RaftlogError(Reason.INVALID_ARGUMENT, "a repair names one action: "
+                               "truncate_after, put or reset_to")
+        await self._committer.durable()
+        return replication_pb2.RepairReply(state=self._state(request.stream), changed=changed)
+
+    @rpc.unary
+    async def RepairConsumer(self, request: replication_pb2.RepairConsumerRequest,
+                             context: Context) -> replication_pb2.RepairConsumerReply:
+        """The consumer step of an audit's repair plan on this node's own consumer store
+        (holder "store" in an export); durable before the answer.
+
+        A cluster member keeps consumer state in the metadata group only (consumers/
+        raft_store.py): the stream's primary serves every consumer from there, and nothing
+        reads or updates a record in the node's own store. A record found there is therefore
+        removed rather than rewritten: a rewritten copy would drift from the metadata with the
+        next ack. Refused (CONSUMER_CHANGED) when the record is not what the plan saw; a
+        consumer the store holds no record of is already repaired (changed 0)."""
+        subjects.validate_name(request.stream, what="stream")
+        subjects.validate_name(request.consumer, what="consumer")
+        if request.stream not in self._engine.streams:
+            raise RaftlogError(Reason.STREAM_NOT_FOUND, f"this node holds no copy of "
+                               f"{request.stream!r}", stream=request.stream)
+        if self._consumer_copies is None:
+            return replication_pb2.RepairConsumerReply(changed=0)
+        record = next((r for r in self._consumer_copies.load(request.stream)
+                       if r.config.name == request.consumer), None)
+        if record is None:
+            return replication_pb2.RepairConsumerReply(changed=0)
+        if request.HasField("expect"):
+            expect = request.expect
+            seen = (expect.delivered_seq, expect.ack_floor, expect.acked_count)
+            now = (record.delivered_seq, record.ack_floor, len(record.acked))
+            if seen != now:
+                raise RaftlogError(
+                    Reason.CONSUMER_CHANGED, f"this node's store holds consumer "
+                    f"{request.consumer!r} of {request.stream!r} at delivered seq {now[0]}, "
+                    f"ack floor {now[1]} with {now[2]} acked; the plan saw {seen[0]}, "
+                    f"{seen[1]}, {seen[2]}: audit again", stream=request.stream,
+                    consumer=request.consumer)
+        await self._consumer_copies.delete(request.stream, request.consumer)
+        return replication_pb2.RepairConsumerReply(changed=1)
 
     async def Ping(self, request: replication_pb2.PingRequest,
                    context: Context) -> replication_pb2.PingReply:

@@ -3,7 +3,8 @@ deadline, how often it was forwarded, and the metadata to send on. Protocol-neut
 front-end makes one with `Call.from_grpc(context)`, another front-end with `Call(...)`.
 
 The forwarder (forwarding.py) sends a call on with `outgoing()`: the caller's metadata, the hop
-count raised by one, and HOP_LIMIT once a call has gone round `hops_max` times.
+count raised by one, the request id of the call running here (logctx.py), and HOP_LIMIT once a
+call has gone round `hops_max` times.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import grpc
 
 from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
+from raftlog.node.transport import logctx
+from raftlog.node.transport.auth import AUTHORIZATION_HEADER, IDENTITY_HEADER
 
 HOPS_HEADER = "raftlog-hops"
 LOCAL_HEADER = "raftlog-local"  # on a fan-out call: answer for this node only
-# Headers that belong to one HTTP/2 hop, never sent on.
-_HOP_BY_HOP = frozenset({"user-agent", "te", "content-type"})
+# Headers that belong to one HTTP/2 hop, never sent on; and the caller's credentials, which
+# the forwarder replaces with the identity this node verified (auth.py).
+_HOP_BY_HOP = frozenset({"user-agent", "te", "content-type", AUTHORIZATION_HEADER,
+                         IDENTITY_HEADER})
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -68,8 +73,14 @@ class Call:
         return limits.forward_timeout_s_default if default_s is None else default_s
 
     def outgoing(self) -> list[tuple[str, str]]:
-        """The metadata to forward with; HOP_LIMIT once hops reached limits.forward_hops_max."""
+        """The metadata to forward with; HOP_LIMIT once hops reached limits.forward_hops_max.
+        The request id is the one this node gave the call (the caller's when it sent a valid
+        one), so the next node logs under the same id."""
         if self.hops >= limits.forward_hops_max:
             raise RaftlogError(Reason.HOP_LIMIT, f"the call was forwarded {self.hops} times "
                                "without reaching the node that serves it", hops=self.hops)
-        return [*self.metadata, (HOPS_HEADER, str(self.hops + 1))]
+        request_id = logctx.request_id()
+        if request_id is None:
+            return [*self.metadata, (HOPS_HEADER, str(self.hops + 1))]
+        kept = [(key, value) for key, value in self.metadata if key != logctx.REQUEST_ID_HEADER]
+        return [*kept, (HOPS_HEADER, str(self.hops + 1)), (logctx.REQUEST_ID_HEADER, request_id)]

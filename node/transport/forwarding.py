@@ -4,9 +4,9 @@ its answer, or its failure as the RaftlogError that node raised.
 
 Callers name the call by its canonical method path (`Forward`, kept by the operations layer),
 never by the front-end method that received it. A forwarded call carries the caller's deadline
-(or limits.forward_timeout_s_default), its metadata and a hop count (calls.py); while it waits, it
-checks every limits.forward_check_s that the node it waits on still answers, so a silent node
-fails the call fast instead of at the deadline.
+(or limits.forward_timeout_s_default), its metadata, its request id and a hop count (calls.py);
+while it waits, it checks every limits.forward_check_s that the node it waits on still answers,
+so a silent node fails the call fast instead of at the deadline.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ def _serialize(message: Any) -> bytes:
     return bytes(message.SerializeToString())
 
 
+class NotConnected(RaftlogError):
+    """FORWARD_FAILED for a call that never reached a connection (the channel could not
+    connect, so nothing of the request was sent): safe to send again."""
+
+
+def _not_connected(err: grpc.aio.AioRpcError) -> bool:
+    return (err.code() == grpc.StatusCode.UNAVAILABLE
+            and "failed to connect" in (err.details() or "").lower())
+
+
 def remote_error(err: grpc.aio.AioRpcError, address: str) -> RaftlogError:
     """What a forwarded call's failure means here: the remote node's own error when it sent
     one, FORWARD_FAILED when the node could not be reached, else its status as it was."""
@@ -69,38 +79,74 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> RaftlogError:
     if raised is not None:
         return raised
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-        return RaftlogError(Reason.FORWARD_FAILED, f"cannot reach the node serving the call at "
-                            f"{address}: {err.details()}", address=address)
+        kind = NotConnected if _not_connected(err) else RaftlogError
+        return kind(Reason.FORWARD_FAILED, f"cannot reach the node serving the call at "
+                    f"{address}: {err.details()}", address=address)
     return RemoteStatus(err.code(), err.details() or err.code().name, address=address)
 
 
 class Forwarder:
     """`stream_pool` (default `pool`) carries relayed server streams (channels.py's
-    STREAM_RELAY_OPTIONS)."""
+    STREAM_RELAY_OPTIONS); `on_forward(path)` is told of every call sent on (metrics);
+    `identity(path)` gives the headers that carry the caller's verified identity (auth.py)."""
 
     def __init__(self, pool: ChannelPool, liveness: Liveness, *,
-                 stream_pool: ChannelPool | None = None) -> None:
+                 stream_pool: ChannelPool | None = None,
+                 on_forward: Callable[[str], None] | None = None,
+                 identity: Callable[[str], list[tuple[str, str]]] | None = None) -> None:
         self._pool = pool
+        self._identity = identity
+        self._on_forward = on_forward
         self._liveness = liveness
         self._stream_pool = stream_pool or pool
+        self._relays: dict[str, set[_Relay]] = {}  # the open server streams, by address
+        self._watcher: asyncio.Task[None] | None = None
 
     async def unary(self, address: str, call: Forward[Resp], request: Any, via: Call, *,
                     timeout_s: float | None = None,
                     headers: Iterable[tuple[str, str]] = ()) -> Resp:
-        """The answer of `address` to `request`; its failure raised as a RaftlogError."""
-        method: Any = self._pool.get(address).unary_unary(
-            call.path, request_serializer=_serialize, response_deserializer=call.parse)
-        return await self._answer(address, method(
-            request, timeout=timeout_s or via.timeout_s(),
-            metadata=[*via.outgoing(), *headers]))
+        """The answer of `address` to `request`; its failure raised as a RaftlogError.
+
+        A node that restarted a moment ago may find this node's channel to it waiting out a
+        reconnect backoff (at most limits.reconnect_backoff_ms_max): a call that could not
+        connect, so sent nothing, is sent once more at once on a fresh channel, which dials
+        now. A node that is down refuses that dial too, so the call still fails fast (a caller
+        looking for a new Raft leader must not wait out a backoff on the old one)."""
+        self._count(call)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s or via.timeout_s())
+        metadata = [*via.outgoing(), *headers, *self._identity_of(call)]
+
+        async def send(channel: grpc.aio.Channel) -> Resp:
+            method: Any = channel.unary_unary(
+                call.path, request_serializer=_serialize, response_deserializer=call.parse)
+            return await self._answer(address, method(
+                request, timeout=max(deadline - loop.time(), 0.001), metadata=metadata))
+
+        channel = self._pool.get(address)
+        try:
+            return await send(channel)
+        except NotConnected:
+            if deadline - loop.time() <= 0:
+                raise
+            return await send(self._pool.renew(address, channel))
 
     async def client_stream(self, address: str, call: Forward[Resp], requests: Iterable[Any],
                             via: Call) -> Resp:
         """Sends `requests` as one client stream; the answer as `unary`."""
+        self._count(call)
         method: Any = self._pool.get(address).stream_unary(
             call.path, request_serializer=_serialize, response_deserializer=call.parse)
         return await self._answer(address, method(
-            iter(requests), timeout=via.timeout_s(), metadata=via.outgoing()))
+            iter(requests), timeout=via.timeout_s(),
+            metadata=[*via.outgoing(), *self._identity_of(call)]))
+
+    def _identity_of(self, call: Forward[Any]) -> list[tuple[str, str]]:
+        return [] if self._identity is None else self._identity(call.path)
+
+    def _count(self, call: Forward[Any]) -> None:
+        if self._on_forward is not None:
+            self._on_forward(call.path)
 
     async def _answer(self, address: str, call: Awaitable[Resp]) -> Resp:
         """Waits for a forwarded call's answer, checking every limits.forward_check_s that
@@ -122,15 +168,54 @@ class Forwarder:
 
     async def server_stream(self, address: str, call: Forward[Resp], request: Any,
                             via: Call) -> AsyncIterator[Resp]:
-        """Relays a server stream item by item, at the pace the caller reads."""
-        metadata = via.outgoing()
+        """Relays a server stream item by item, at the pace the caller reads. Liveness is
+        checked as for `_answer` (by one watcher for every relay, `_watch_relays`): a relay
+        without a deadline (a Subscribe) from a node that went silent without closing its
+        connections (cut off, frozen) ends when the node is found silent, not never."""
+        metadata = [*via.outgoing(), *self._identity_of(call)]
+        self._count(call)
         method: Any = self._stream_pool.get(address).unary_stream(
             call.path, request_serializer=_serialize, response_deserializer=call.parse)
         stream = method(request, timeout=via.remaining_s(), metadata=metadata)
+        relay = _Relay(stream)
+        self._relays.setdefault(address, set()).add(relay)
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch_relays(), name="forwarded-streams-liveness")
         try:
             async for item in stream:
                 yield item
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
+        except asyncio.CancelledError:
+            if relay.gone is None:
+                raise
+            raise relay.gone from None  # the watcher ended the stream
         finally:
+            self._relays.get(address, set()).discard(relay)
             stream.cancel()
+
+    async def _watch_relays(self) -> None:
+        """Every limits.forward_check_s, ends the relays from a node that went silent; stops
+        once no relay is open (the next one starts it again)."""
+        try:
+            while any(self._relays.values()):
+                await asyncio.sleep(limits.forward_check_s)
+                for address, relays in list(self._relays.items()):
+                    if not relays:
+                        del self._relays[address]
+                        continue
+                    gone = self._liveness.unreachable(address)
+                    for relay in list(relays) if gone is not None else ():
+                        relay.gone = gone
+                        relay.stream.cancel()
+        finally:
+            self._watcher = None
+
+
+@dataclass(eq=False)
+class _Relay:
+    """One relayed server stream; `gone` is why the watcher ended it."""
+
+    stream: Any
+    gone: RaftlogError | None = None

@@ -23,6 +23,7 @@ from raftlog.internal import replication_pb2, replication_pb2_grpc
 from raftlog.node.transport import rpc
 from raftlog.node.transport.channels import ChannelPool
 from raftlog.node.transport.credentials import PEER_TOKEN_HEADER, Credential
+from raftlog.node.transport.feeding import feed
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -116,13 +117,15 @@ class PeerClient:
 
     def __init__(self, *, node_id: str, credential: Credential,
                  address_of: Callable[[str], str],
-                 dial: Callable[[str], str] | None = None) -> None:
+                 dial: Callable[[str], str] | None = None,
+                 tls: Callable[[], grpc.ChannelCredentials] | None = None) -> None:
         """`address_of(node_id)` is a member's peer address (raises RaftlogError when the
-        member is unknown); `dial` as ChannelPool's."""
+        member is unknown); `dial` and `tls` (the channels' TLS credentials, None for
+        plaintext) as ChannelPool's `dial` and `credentials`."""
         self.node_id = node_id
         self._credential = credential
         self._address_of = address_of
-        self.pool = ChannelPool(options=peer_channel_options(), dial=dial)
+        self.pool = ChannelPool(options=peer_channel_options(), dial=dial, credentials=tls)
 
     def metadata(self, method: str) -> tuple[tuple[str, str], ...]:
         return ((PEER_TOKEN_HEADER, self._credential.token(principal=self.node_id,
@@ -180,8 +183,11 @@ class PeerClient:
 
     def replicate(self, node_id: str,
                   requests: AsyncIterator[replication_pb2.ReplicateRequest]) -> Any:
-        """The long-lived Replicate call (iterate it for acks; cancel() ends it)."""
-        return self.stub(node_id).Replicate(requests, metadata=self.metadata(METHOD_REPLICATE))
+        """The long-lived Replicate call (iterate it for acks; cancel() ends it). `requests`
+        is drained by feeding.feed: closed as soon as the call ends, however it ends."""
+        call = self.stub(node_id).Replicate(metadata=self.metadata(METHOD_REPLICATE))
+        feed(call, requests, name=f"replicate-to-{node_id}")
+        return call
 
     async def close(self) -> None:
         await self.pool.close()

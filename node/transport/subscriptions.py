@@ -41,7 +41,8 @@ class SubscriptionSlots:
             raise RaftlogError(
                 Reason.TOO_MANY_SUBSCRIPTIONS,
                 f"this node holds {self.taken} subscriptions, its limit; end one or subscribe "
-                "through another node", method=method, limit=self.slots_max)
+                "through another node", method=method, limit=self.slots_max,
+                retry_after_ms=limits.subscriptions_retry_after_ms)
         self.taken += 1
 
     def give_back(self) -> None:

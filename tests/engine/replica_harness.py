@@ -10,6 +10,7 @@ from pathlib import Path
 
 from raftlog.base.clock import FakeClock
 from raftlog.internal import raft_pb2, replication_pb2, storage_pb2
+from raftlog.node.consumers.rocks_store import RocksConsumerStore
 from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import GroupCommitter, Storage
 from raftlog.node.engine.stream import Stream
@@ -29,9 +30,14 @@ class Replica:
         self.committer = GroupCommitter(self.storage)
         self.engine = StreamEngine(store=RocksMessageStore(self.storage, self.committer),
                                    clock=FakeClock(), consumers=NoConsumers(), follow_raft=True)
+        # The node's own consumer store (RepairConsumer removes records from it).
+        self.consumer_copies = RocksConsumerStore(
+            storage=self.storage, committer=self.committer,
+            stream_id=lambda name: self.engine.get(name).stream_id)
         self.service = ReplicationService(node_id="r1", engine=self.engine,
                                           committer=self.committer,
-                                          ensure_replica=self._missing)
+                                          ensure_replica=self._missing,
+                                          consumer_copies=self.consumer_copies)
 
     async def _missing(self, name: str) -> Stream:
         raise AssertionError(f"unexpected stream {name}")

@@ -27,6 +27,7 @@ import pytest
 from raftlog.base import limits
 from raftlog.base.clock import FakeClock, SystemClock
 from raftlog.base.errors import InvariantViolation, RaftlogError, Reason
+from raftlog.internal import storage_pb2
 from raftlog.node.api.consumers import ConsumersService
 from raftlog.node.consumers.manager import DLQ_HEADERS, ConsumerManager, Settled
 from raftlog.node.consumers.store import MemoryConsumerStore
@@ -611,6 +612,57 @@ async def test_acks_arriving_together_share_a_save_and_return_only_once_saved() 
     await asyncio.gather(*(ack_and_check(seq) for seq in range(1, 41)))
     assert env.store.saves - saves <= 3
     assert saved_acks(env) == set(range(1, 41))
+
+
+class OverlapCountingStore(MemoryConsumerStore):
+    """Counts how many saves run at once (the most seen)."""
+
+    def __init__(self, *, delay_s: float) -> None:
+        super().__init__(delay_s=delay_s)
+        self.running = 0
+        self.running_max = 0
+
+    async def save(self, stream: str, record: storage_pb2.ConsumerRecord) -> None:
+        self.running += 1
+        self.running_max = max(self.running_max, self.running)
+        try:
+            await super().save(stream, record)
+        finally:
+            self.running -= 1
+
+
+async def _acks_one_turn_apart(env: Env, seqs: range) -> None:
+    async def ack_and_check(seq: int) -> None:
+        await env.manager.ack(STREAM, "c", [seq])
+        assert seq in saved_acks(env), seq
+
+    tasks = []
+    for seq in seqs:
+        tasks.append(asyncio.create_task(ack_and_check(seq)))
+        await asyncio.sleep(0)  # the next ack comes a loop turn later
+    await asyncio.gather(*tasks)
+
+
+@run_async
+async def test_acks_of_successive_turns_save_in_parallel_up_to_the_bound() -> None:
+    store = OverlapCountingStore(delay_s=0.02)
+    env = make_env(*["a"] * 12, store=store)
+    await env.create()
+    await env.fetch()
+    await _acks_one_turn_apart(env, range(1, 13))
+    assert 1 < store.running_max <= limits.consumer_saves_inflight_max
+    assert saved_acks(env) == set(range(1, 13))
+
+
+@run_async
+async def test_a_work_queue_consumer_saves_one_at_a_time() -> None:
+    store = OverlapCountingStore(delay_s=0.02)
+    env = make_env(*["a"] * 12, store=store, retention=WORK_QUEUE)
+    await env.create()
+    await env.fetch()
+    await _acks_one_turn_apart(env, range(1, 13))
+    assert store.running_max == 1
+    assert saved_acks(env) == set(range(1, 13))
 
 
 @run_async

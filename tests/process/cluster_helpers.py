@@ -1,17 +1,22 @@
 """What the process tests share for driving a LocalCluster: creating a stream and waiting until
 it is writable (tests/process/test_no_stuck_streams.py, test_elections.py, test_stuck_loop.py,
 test_fast_answers.py), and reading routes and local copies (test_placement.py,
-test_placement_counts.py)."""
+test_placement_counts.py), and the reason a call fails with (test_auth.py, test_user_quotas.py,
+test_forward_restart.py)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
+from raftlog.base.errors import Reason
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import wait_until
 from raftlog.internal import replication_pb2, storage_pb2
+from raftlog.node.transport.rpc import from_rpc_error
 from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 
 create_call_timeout_s = 10.0
@@ -75,3 +80,14 @@ def local_copy(cluster: LocalCluster, i: int, stream: str) -> dict[int, bytes]:
         timeout=placement_call_timeout_s)
     return {m.seq: storage_pb2.StoredMessage.FromString(m.stored).payload
             for m in reply.messages}
+
+
+def error_reason(call: Callable[[], Any]) -> Reason | None:
+    """The ErrorInfo reason `call` fails with (it must carry one), None when it succeeds."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        raised = from_rpc_error(err)  # type: ignore[arg-type]
+        assert raised is not None, f"no ErrorInfo: {err}"
+        return raised.reason
+    return None

@@ -23,6 +23,7 @@ from raftlog.base import limits
 from raftlog.base.errors import Reason
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import NodeProcess
+from raftlog.node import server  # noqa: F401 - registers every service a node serves in the pool
 from raftlog.node.transport import rpc
 from raftlog.v1 import (
     cluster_pb2,

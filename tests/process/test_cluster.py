@@ -232,9 +232,12 @@ def test_all_state_survives_a_full_cluster_restart(cluster3: LocalCluster) -> No
         return info.state.last_seq == 50 and info.state.messages == 50
 
     wait_until(restored, 30, what="stream readable after restart")
-    names = [s.config.name for s in cluster3.streams(3).ListStreams(
-        streams_pb2.ListStreamsRequest(), timeout=call_timeout_s).streams]
-    assert names == ["keep", "other"]
+    # Node 3 lists from its own metadata view, which may still be replaying its journal right
+    # after the restart (ListStreams does not wait for the leader's commit index): both
+    # streams must be there once it caught up.
+    wait_until(lambda: [s.config.name for s in cluster3.streams(3).ListStreams(
+        streams_pb2.ListStreamsRequest(), timeout=call_timeout_s).streams] == ["keep", "other"],
+        15, what="both streams listed by node 3")
     info = cluster3.streams(1).GetStreamInfo(streams_pb2.GetStreamInfoRequest(name="keep"),
                                              timeout=call_timeout_s)
     assert info.config.max_msgs == 1000

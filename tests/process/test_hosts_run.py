@@ -31,7 +31,7 @@ def test_a_short_hosts_run_with_kills_and_partitions_is_clean(tmp_path: Path) ->
     done = subprocess.run(
         [sys.executable, "-m", "raftlog.chaos", "run", "--hosts", "--nodes", "3", "--duration",
          "20", "--nemesis", "partition-primary,kill-primary", "--seed", "7", "--dir",
-         str(tmp_path)],
+         str(tmp_path), "--no-audit"],
         capture_output=True, text=True, timeout=run_timeout_s, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -42,6 +42,7 @@ def test_a_short_hosts_run_with_kills_and_partitions_is_clean(tmp_path: Path) ->
     assert {fault["name"] for fault in report["faults"]} <= {"partition-primary", "kill-primary"}
     assert report["faults"], "the schedule broke nothing"
     assert report["replay"].endswith("--seed 7 --hosts")
+    assert report["audit"]["status"] == "skipped"  # --no-audit reached the inside run
     log = (tmp_path / "cluster" / "n1.log").read_text()
     assert "serving gRPC on 10." in log  # the node bound its own address
     assert "hosts mode: namespaces rlc-" in done.stderr

@@ -337,9 +337,22 @@ def test_cli_cluster_up_status_route_down(tmp_path: Path, base_port: int) -> Non
         _down_quietly(data_dir)
 
 
-def test_cli_refusals_print_reason_and_exit_1(tmp_path: Path, base_port: int) -> None:
+def _bound_to_a_free_port(taken: socket.socket) -> int:
+    """Binds `taken` to a port free_base_port found free; another process on the machine may
+    take it in between, so a few candidates are tried."""
+    for _ in range(5):
+        port = free_base_port(2 * 3)
+        try:
+            taken.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no free port stayed free long enough to bind it")
+
+
+def test_cli_refusals_print_reason_and_exit_1(tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("127.0.0.1", base_port))
+        base_port = _bound_to_a_free_port(taken)
         taken.listen()
         refused = raftlog("cluster", "up", "--nodes", "1", "--base-port", str(base_port),
                           "--data", str(tmp_path / "c"))  # fmt: skip

@@ -124,6 +124,7 @@ def test_peer_calls_without_the_cluster_credential_change_nothing(
             stream="kept", fence_epoch=route.fence_epoch + 5)]), "Survey"),
         (stub.ReadLocal, replication_pb2.ReadLocalRequest(stream="kept"), "ReadLocal"),
         (stub.Ping, replication_pb2.PingRequest(from_node="n9"), "Ping"),
+        (stub.Repair, replication_pb2.RepairRequest(stream="kept", truncate_after=0), "Repair"),
     ]:
         refused.append(reason_of(call, request, timeout=call_timeout_s,
                                  metadata=metadata(method)))
@@ -132,7 +133,7 @@ def test_peer_calls_without_the_cluster_credential_change_nothing(
                                                first_seq=51)]),
                             timeout=call_timeout_s, metadata=metadata("Replicate")))
     refused.append(from_rpc_error(info.value).reason)  # type: ignore[union-attr]
-    assert refused == [Reason.UNAUTHENTICATED] * 5
+    assert refused == [Reason.UNAUTHENTICATED] * 6
     after = replica_state()
     assert (after.epoch, after.fenced_epoch, after.first_seq, after.last_seq) == (
         before.epoch, before.fenced_epoch, before.first_seq, before.last_seq)
@@ -238,6 +239,7 @@ def test_calls_that_change_the_cluster_need_the_credential(cluster3: LocalCluste
             cluster_pb2.RebalanceStep(stream="admin", target=target)])),
         (stub.ClearStreamAuthority, cluster_pb2.ClearStreamAuthorityRequest(stream="admin")),
         (stub.SetStreamPinned, cluster_pb2.SetStreamPinnedRequest(stream="admin", pinned=True)),
+        (stub.SetConsumerState, cluster_pb2.SetConsumerStateRequest(stream="admin", consumer="c")),
     ]
     for call, request in calls:
         assert reason_of(call, request, timeout=call_timeout_s) is Reason.UNAUTHENTICATED

@@ -107,9 +107,16 @@ def test_a_leaving_member_is_drained_first(cluster3: LocalCluster, tmp_path: Pat
     assert leaving not in after.replicas and after.primary != leaving
     survivor = cluster3.index_of(after.primary)
 
-    def state() -> tuple[int, int]:
-        info = cluster3.streams(survivor).GetStreamInfo(streams_pb2.GetStreamInfoRequest(
-            name="held"), timeout=call_timeout_s)
+    def state() -> tuple[int, int] | None:
+        """None while the new primary answers UNAVAILABLE (promoted a moment ago, it serves
+        once a majority of its replicas has answered it within its lease: retry)."""
+        try:
+            info = cluster3.streams(survivor).GetStreamInfo(streams_pb2.GetStreamInfoRequest(
+                name="held"), timeout=call_timeout_s)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                raise
+            return None
         return info.state.messages, info.state.last_seq
 
     # last_seq is the commit seq: a primary promoted a moment ago counts it from its first

@@ -13,9 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raftlog.base.errors import Reason
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import wait_until
 from raftlog.internal import replication_pb2
+from raftlog.node.transport.rpc import from_rpc_error
 from raftlog.v1 import cluster_pb2, streams_pb2, types_pb2
 from tests.process.cluster_helpers import local_copy, route
 from tests.process.cluster_helpers import placement_call_timeout_s as call_timeout_s
@@ -154,7 +156,35 @@ def test_a_migrate_that_cannot_finish_leaves_the_stream_served(cluster3: LocalCl
 
 
 def test_replica_counts_follow_the_config_up_and_down(cluster3: LocalCluster) -> None:
-    create(cluster3, "grow", replicas=1)
+    create(cluster3, "grow", replicas=1)  # (retries while the fresh cluster catches up)
+    # More copies than members is refused (never quietly lowered), on create and on update.
+    for via in (1, 2, 3):
+        with pytest.raises(grpc.RpcError) as refused:
+            cluster3.streams(via).CreateStream(streams_pb2.CreateStreamRequest(
+                config=types_pb2.StreamConfig(name=f"wide-{via}", replicas=4)),
+                timeout=call_timeout_s)
+        found = from_rpc_error(refused.value)
+        assert found is not None and found.reason is Reason.INSUFFICIENT_REPLICAS, refused.value
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    listed = cluster3.streams(1).ListStreams(streams_pb2.ListStreamsRequest(),
+                                             timeout=call_timeout_s)
+    assert [info.config.name for info in listed.streams] == ["grow"]
+    # A created stream serves at once: the create answers once its primary holds a lease, so a
+    # first publish through another node needs no retry.
+    for via in (1, 2, 3):
+        cluster3.streams(via).CreateStream(streams_pb2.CreateStreamRequest(
+            config=types_pb2.StreamConfig(name=f"ready-{via}", replicas=3)),
+            timeout=call_timeout_s)
+        reply = cluster3.streams(via % 3 + 1).PublishBatch(streams_pb2.PublishBatchRequest(
+            stream=f"ready-{via}", entries=[streams_pb2.PublishEntry(subject="s", payload=b"x")]),
+            timeout=call_timeout_s)
+        assert reply.acked == 1
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster3.streams(2).UpdateStream(streams_pb2.UpdateStreamRequest(
+            name="grow", replicas=5), timeout=call_timeout_s)
+    found = from_rpc_error(refused.value)
+    assert found is not None and found.reason is Reason.INSUFFICIENT_REPLICAS, refused.value
+    assert route(cluster3, "grow").replicas == [route(cluster3, "grow").primary]
     publish(cluster3, "grow", 100)
     primary = route(cluster3, "grow").primary
     everyone = {s.node_id for s in cluster3.specs.values()}

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_DIR = ROOT / "protos" / "raftlog" / "v1"
-PROTO_PACKAGES = ("v1", "internal")
+PROTO_PACKAGES = ("v1", "internal", "compat")
 # What protoc writes for each `<name>.proto` with the flags in scripts/gen-protos.
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 gen_protos_timeout_s = 120

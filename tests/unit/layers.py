@@ -1,8 +1,9 @@
 """The layer contract, checked by parsing (never importing) the source: who may import whom.
 
 The rules are the ones written in the package docstrings: base/__init__.py, raft/__init__.py,
-node/__init__.py and each node/<package>/__init__.py. `check(root)` reads every module under
-base/, raft/, node/ and chaos/ (recursively) and scripts/*.py of the tree at `root` and returns
+node/__init__.py, each node/<package>/__init__.py and audit/__init__.py. `check(root)` reads every
+module under base/, raft/, node/, chaos/ and audit/ (recursively) and scripts/*.py of the tree at
+`root` and returns
 one `Violation` per offending import (file, line, imported module, the first rule it
 breaks), sorted.
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 # folder in the repo -> the package it is installed as (pyproject.toml's package-dir)
 PACKAGES = {"base": "raftlog.base", "raft": "raftlog.raft", "node": "raftlog.node",
-            "chaos": "raftlog.chaos"}
-PROTOS = ("raftlog.v1", "raftlog.internal")
+            "chaos": "raftlog.chaos", "audit": "raftlog.audit"}
+PROTOS = ("raftlog.v1", "raftlog.internal", "raftlog.compat")
 GRPC_TOP_LEVEL = ("grpc", "grpc_health", "grpc_reflection", "grpc_status")
 
 # node/__init__.py: "A package may import the ones listed after it ... never one listed before
@@ -145,6 +146,21 @@ def node_package(name: str) -> str | None:
 Rule = Callable[[Import], str | None]
 
 
+def audit_rule(i: Import) -> str | None:
+    """audit/__init__.py: the audit may use every layer of the node; nothing under base/,
+    raft/, node/ or chaos/ imports it (a node runs the exporter as a process). Scripts may."""
+    if under(i.module, "raftlog.audit"):
+        if under(i.imported, "raftlog") and not under(
+                i.imported, "raftlog.audit", "raftlog.base", "raftlog.raft", "raftlog.node",
+                *PROTOS):
+            return "audit/ imports only raftlog.base, raftlog.raft, raftlog.node and the protos"
+        return None
+    if under(i.imported, "raftlog.audit") and not i.module.startswith("scripts."):
+        return ("nothing under base/, raft/, node/ or chaos/ imports raftlog.audit (a node runs "
+                "the exporter as a process)")
+    return None
+
+
 def base_rule(i: Import) -> str | None:
     if not under(i.module, "raftlog.base"):
         return None
@@ -224,8 +240,8 @@ def tests_rule(i: Import) -> str | None:
 
 
 # The most specific first: an import is reported once, under the first rule it breaks.
-RULES: tuple[Rule, ...] = (base_rule, raft_rule, cli_rule, engine_grpc_rule, node_rule,
-                           tests_rule)
+RULES: tuple[Rule, ...] = (audit_rule, base_rule, raft_rule, cli_rule, engine_grpc_rule,
+                           node_rule, tests_rule)
 
 
 def known_exception(i: Import,

@@ -133,6 +133,26 @@ async def until(predicate: Callable[[], bool], *, timeout_s: float = 2.0) -> Non
 
 
 @run_async
+async def test_batches_pipeline_up_to_the_bound_and_saves_wait_for_their_own_commit() -> None:
+    names = [f"c{i}" for i in range(8)]
+    env = await setup(*names, coalesce_ms=0)
+    env.group.gate = asyncio.Event()  # nothing commits until the gate opens
+    saves = []
+    for name in names:  # one save per loop turn: each may start a batch of its own
+        saves.append(asyncio.ensure_future(env.store.save(STREAM, record(name, floor=2))))
+        await asyncio.sleep(0)
+    await until(lambda: len(env.group.commands) == limits.consumer_batches_inflight_max)
+    await asyncio.sleep(0.01)
+    assert len(env.group.commands) == limits.consumer_batches_inflight_max  # the bound holds
+    assert not any(save.done() for save in saves)  # none is told "saved" before its commit
+    env.group.gate.set()
+    await asyncio.gather(*saves)
+    # The saves that waited went out together once a batch ended.
+    assert len(env.group.commands) <= limits.consumer_batches_inflight_max + 4
+    assert all(env.assignment(name).ack_floor == 2 for name in names)
+
+
+@run_async
 async def test_concurrent_saves_go_out_as_one_command() -> None:
     names = [f"c{i}" for i in range(20)]
     env = await setup(*names)

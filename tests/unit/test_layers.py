@@ -1,5 +1,6 @@
-"""The layer contract (tests/unit/layers.py): every module under base/, raft/, node/, chaos/ and
-scripts/*.py imports only what the package docstrings allow. Parsed with ast, nothing imported.
+"""The layer contract (tests/unit/layers.py): every module under base/, raft/, node/, chaos/,
+audit/ and scripts/*.py imports only what the package docstrings allow. Parsed with ast, nothing
+imported.
 
 The last tests run the same checker on a tiny tree with deliberate violations, to show that the
 contract can fail and names what breaks it.
@@ -29,7 +30,7 @@ def test_the_contract_covers_every_layer() -> None:
     names = {name for _, name in modules(ROOT)}
     for expected in ("raftlog.base.errors", "raftlog.raft.state", "raftlog.node.server",
                      "raftlog.node.engine.storage", "raftlog.node.cli.main",
-                     "raftlog.chaos.cluster", "scripts.bench"):
+                     "raftlog.chaos.cluster", "raftlog.audit.export", "scripts.bench"):
         assert expected in names
 
 
@@ -100,4 +101,24 @@ def test_each_rule_names_its_violation(tmp_path: Path) -> None:
         ("node/engine/stream.py", "raftlog.node.replication.replica",
          "node/engine never imports node/replication, a layer above it (node/__init__.py)"),
         ("scripts/bench.py", "tests.workload", "scripts never import tests"),
+    ]
+
+
+def test_the_audit_uses_the_node_and_nothing_uses_the_audit(tmp_path: Path) -> None:
+    for package in ("node", "node/ops", "chaos", "audit"):
+        write(tmp_path, f"{package}/__init__.py", "")
+    write(tmp_path, "audit/export.py",
+          "from raftlog.node.engine import storage\nfrom raftlog.raft import replay\n"
+          "from raftlog.chaos import cluster\n")
+    write(tmp_path, "node/ops/audit_export.py", "from raftlog.audit import export_child\n")
+    write(tmp_path, "chaos/run.py", "import raftlog.audit.cli_run\n")
+    write(tmp_path, "scripts/bench_audit.py", "from raftlog.audit.export import export_node\n")
+
+    nothing_imports_audit = ("nothing under base/, raft/, node/ or chaos/ imports raftlog.audit "
+                             "(a node runs the exporter as a process)")
+    assert [(v.file, v.imported, v.rule) for v in check(tmp_path)] == [
+        ("audit/export.py", "raftlog.chaos",
+         "audit/ imports only raftlog.base, raftlog.raft, raftlog.node and the protos"),
+        ("chaos/run.py", "raftlog.audit.cli_run", nothing_imports_audit),
+        ("node/ops/audit_export.py", "raftlog.audit", nothing_imports_audit),
     ]

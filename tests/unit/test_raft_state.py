@@ -505,6 +505,118 @@ def test_consumer_updates_per_command_are_bounded(monkeypatch: pytest.MonkeyPatc
                     Reason.BATCH_TOO_LARGE)
 
 
+# An operator's set of one consumer's progress (ConsumerStateSet) -----------------------------
+
+
+def set_state(stream: str = "orders", name: str = "billing", *, floor: int = 0,
+              acked: tuple[int, ...] = (), delivered: int = 0, commit_seq: int = 100,
+              epoch: int = 0, expect: tuple[int, int, int] | None = None
+              ) -> raft_pb2.RaftCommand:
+    """`expect`: (delivered seq, ack floor, acked count) the consumer must still have."""
+    return c.consumer_state_set(
+        stream=stream, consumer=name, ack_floor=floor, acked=acked, delivered_seq=delivered,
+        commit_seq=commit_seq, fence_epoch=epoch,
+        expect=None if expect is None else consumers_pb2.ConsumerStateExpect(
+            delivered_seq=expect[0], ack_floor=expect[1], acked_count=expect[2]))
+
+
+def progressed() -> MetaState:
+    """orders/billing at delivered seq 40, ack floor 30, acked {33, 35}."""
+    return cluster(create("orders"), consumer("orders", "billing"),
+                   progress("orders", "billing", floor=30, acked=(33, 35), delivered=40))
+
+
+def held(state: MetaState) -> tuple[int, int, set[int]]:
+    entry = state.consumers["orders"]["billing"]
+    return entry.delivered_seq, entry.ack_floor, entry.acked
+
+
+def test_a_consumer_state_set_replaces_the_progress_and_may_lower_the_floor() -> None:
+    state = progressed()
+    result = run(state, set_state(floor=10, acked=(12,), delivered=20, commit_seq=20))
+    assert result.ok and result.changed
+    assert held(state) == (20, 10, {12})
+    # Progress merges from the new values on, as before: floors never go back from there.
+    run(state, progress("orders", "billing", floor=5, acked=(11,)))
+    assert held(state) == (20, 12, set())
+
+
+SET_NORMALISED = [
+    # (floor, acked) asked -> (floor, acked) held
+    ("acked-at-or-below-the-floor-dropped", (10, (3, 10, 14)), (10, {14})),
+    ("floor-moves-over-acked-seqs-that-follow-it", (10, (11, 12, 14)), (12, {14})),
+]
+
+
+@pytest.mark.parametrize(("asked", "expected"), [case[1:] for case in SET_NORMALISED],
+                         ids=[case[0] for case in SET_NORMALISED])
+def test_a_consumer_state_set_is_normalised_as_a_merge_would_leave_it(
+        asked: tuple[int, tuple[int, ...]], expected: tuple[int, set[int]]) -> None:
+    state = progressed()
+    run(state, set_state(floor=asked[0], acked=asked[1], delivered=20))
+    assert held(state)[1:] == expected
+
+
+@pytest.mark.parametrize("command", [
+    set_state(floor=21, delivered=21, commit_seq=20),
+    set_state(floor=5, delivered=21, commit_seq=20),
+    set_state(floor=5, acked=(7, 21), delivered=10, commit_seq=20),
+    set_state(floor=1, commit_seq=0),
+], ids=["floor", "delivered-seq", "acked-seq", "empty-stream"])
+def test_a_consumer_state_set_never_points_past_the_committed_end(
+        command: raft_pb2.RaftCommand) -> None:
+    expect_rejected(progressed(), command, Reason.PAST_COMMITTED_END)
+
+
+def test_a_consumer_state_set_with_an_expected_state_applies_only_while_it_holds() -> None:
+    state = progressed()
+    for moved in ((41, 30, 2), (40, 31, 2), (40, 30, 1)):
+        expect_rejected(state, set_state(floor=5, delivered=5, expect=moved),
+                        Reason.CONSUMER_CHANGED)
+    assert run(state, set_state(floor=5, delivered=5, expect=(40, 30, 2))).changed
+    expect_rejected(state, set_state(floor=5, delivered=5, expect=(40, 30, 2)),
+                    Reason.CONSUMER_CHANGED)  # the same repair again: it moved (by the first)
+
+
+def test_a_consumer_state_set_from_a_replaced_primary_is_stale_epoch() -> None:
+    state = cluster(create("orders"), consumer("orders", "billing"),
+                    c.stream_promote(stream="orders", new_primary="n2", new_fence_epoch=2,
+                                     epoch_start_seq=5))
+    expect_rejected(state, set_state(floor=3, delivered=3, epoch=1), Reason.STALE_EPOCH)
+    assert run(state, set_state(floor=3, delivered=3, epoch=2)).changed
+    assert run(state, set_state(floor=4, delivered=4, epoch=0)).changed  # 0 = not checked
+
+
+@pytest.mark.parametrize(("command", "reason"), [
+    (set_state(stream="nope"), Reason.STREAM_NOT_FOUND),
+    (set_state(name="nope"), Reason.CONSUMER_NOT_FOUND),
+], ids=["unknown-stream", "unknown-consumer"])
+def test_a_consumer_state_set_needs_the_stream_and_the_consumer(
+        command: raft_pb2.RaftCommand, reason: Reason) -> None:
+    expect_rejected(progressed(), command, reason)
+
+
+def test_a_consumer_state_set_of_the_values_held_changes_nothing() -> None:
+    state = progressed()
+    result = run(state, set_state(floor=30, acked=(33, 35), delivered=40))
+    assert result.ok and not result.changed and held(state) == (40, 30, {33, 35})
+
+
+def test_a_consumer_state_sets_acked_seqs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_consumers, "acked_above_floor_max", 2)
+    expect_rejected(progressed(), set_state(floor=1, acked=(3, 5, 7), delivered=9),
+                    Reason.INVALID_ARGUMENT)
+
+
+def test_a_consumer_state_set_drops_the_consumers_encoded_snapshot_record() -> None:
+    state = progressed()
+    encode_snapshot(state)
+    assert ("orders", "billing") in state.encoded_consumers
+    run(state, set_state(floor=3, delivered=3))
+    assert ("orders", "billing") not in state.encoded_consumers
+    assert encode_snapshot(state) == to_snapshot(state).SerializeToString()
+
+
 # The machine as a whole --------------------------------------------------------------------
 
 
@@ -708,6 +820,23 @@ class MetaStateMachine(RuleBasedStateMachine):
         self.do(c.consumer_state_update(updates=[c.consumer_progress(
             stream=name, consumer=consumer_name, ack_floor=floor, acked=acked,
             delivered_seq=delivered, fence_epoch=epoch)]))
+
+    @rule(name=streams, consumer_name=st.sampled_from(CONSUMERS), floor=st.integers(0, 30),
+          acked=st.lists(st.integers(0, 40), max_size=6), delivered=st.integers(0, 50),
+          commit_seq=st.integers(0, 40), expect=st.booleans())
+    def consumer_state_set(self, name: str, consumer_name: str, floor: int, acked: list[int],
+                           delivered: int, commit_seq: int, expect: bool) -> None:
+        entry = self.state.consumers.get(name, {}).get(consumer_name)
+        seen = consumers_pb2.ConsumerStateExpect(
+            delivered_seq=entry.delivered_seq, ack_floor=entry.ack_floor,
+            acked_count=len(entry.acked)) if entry is not None and expect else None
+        result = self.do(c.consumer_state_set(
+            stream=name, consumer=consumer_name, ack_floor=floor, acked=acked,
+            delivered_seq=delivered, commit_seq=commit_seq, expect=seen))
+        if result.ok:  # the one command a floor goes down by
+            held = self.state.consumers[name][consumer_name]
+            assert max(held.ack_floor, held.delivered_seq, *held.acked) <= commit_seq
+            self.floors[(self.state.streams[name].stream_id, consumer_name)] = held.ack_floor
 
     @invariant()
     def rules_hold(self) -> None:

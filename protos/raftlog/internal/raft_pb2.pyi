@@ -76,6 +76,10 @@ class RaftCommand(_message.Message):
     CONSUMER_STATE_UPDATE_FIELD_NUMBER: _builtins.int
     BARRIER_FIELD_NUMBER: _builtins.int
     STREAM_PROMOTES_FIELD_NUMBER: _builtins.int
+    CONSUMER_STATE_SET_FIELD_NUMBER: _builtins.int
+    USER_PUT_FIELD_NUMBER: _builtins.int
+    USER_DELETE_FIELD_NUMBER: _builtins.int
+    USER_TOKENS_FIELD_NUMBER: _builtins.int
     now_ms: _builtins.int
     """Proposer's wall clock, ms since the Unix epoch; stamped by RaftGroup.propose when 0."""
     @_builtins.property
@@ -108,6 +112,14 @@ class RaftCommand(_message.Message):
     def barrier(self) -> Global___Barrier: ...
     @_builtins.property
     def stream_promotes(self) -> Global___StreamPromotes: ...
+    @_builtins.property
+    def consumer_state_set(self) -> Global___ConsumerStateSet: ...
+    @_builtins.property
+    def user_put(self) -> Global___UserPut: ...
+    @_builtins.property
+    def user_delete(self) -> Global___UserDelete: ...
+    @_builtins.property
+    def user_tokens(self) -> Global___UserTokens: ...
     def __init__(
         self,
         *,
@@ -127,12 +139,16 @@ class RaftCommand(_message.Message):
         consumer_state_update: Global___ConsumerStateUpdate | None = ...,
         barrier: Global___Barrier | None = ...,
         stream_promotes: Global___StreamPromotes | None = ...,
+        consumer_state_set: Global___ConsumerStateSet | None = ...,
+        user_put: Global___UserPut | None = ...,
+        user_delete: Global___UserDelete | None = ...,
+        user_tokens: Global___UserTokens | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_promotes", b"stream_promotes", "stream_update", b"stream_update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_set", b"consumer_state_set", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_promotes", b"stream_promotes", "stream_update", b"stream_update", "user_delete", b"user_delete", "user_put", b"user_put", "user_tokens", b"user_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "now_ms", b"now_ms", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_promotes", b"stream_promotes", "stream_update", b"stream_update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authority_clear_override", b"authority_clear_override", "authority_set_override", b"authority_set_override", "authority_set_pinned", b"authority_set_pinned", "barrier", b"barrier", "command", b"command", "consumer_create", b"consumer_create", "consumer_delete", b"consumer_delete", "consumer_state_set", b"consumer_state_set", "consumer_state_update", b"consumer_state_update", "member_join", b"member_join", "member_leave", b"member_leave", "member_set_status", b"member_set_status", "now_ms", b"now_ms", "stream_create", b"stream_create", "stream_delete", b"stream_delete", "stream_promote", b"stream_promote", "stream_promotes", b"stream_promotes", "stream_update", b"stream_update", "user_delete", b"user_delete", "user_put", b"user_put", "user_tokens", b"user_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["member_join", "member_leave", "member_set_status", "stream_create", "stream_update", "stream_delete", "authority_set_override", "authority_clear_override", "authority_set_pinned", "stream_promote", "consumer_create", "consumer_delete", "consumer_state_update", "barrier", "stream_promotes"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["member_join", "member_leave", "member_set_status", "stream_create", "stream_update", "stream_delete", "authority_set_override", "authority_clear_override", "authority_set_pinned", "stream_promote", "consumer_create", "consumer_delete", "consumer_state_update", "barrier", "stream_promotes", "consumer_state_set", "user_put", "user_delete", "user_tokens"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -227,11 +243,16 @@ class StreamCreate(_message.Message):
     PRIMARY_FIELD_NUMBER: _builtins.int
     FENCE_EPOCH_FIELD_NUMBER: _builtins.int
     EPOCH_START_SEQ_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     primary: _builtins.str
     fence_epoch: _builtins.int
     """0 = 1."""
     epoch_start_seq: _builtins.int
     """First seq the first epoch writes; 0 = 1."""
+    owner: _builtins.str
+    """The user whose call created the stream ("" = none: auth off, or the cluster itself); its
+    max_bytes_stored bounds the sum of max_bytes of the streams it owns.
+    """
     @_builtins.property
     def config(self) -> _types_pb2.StreamConfig: ...
     @_builtins.property
@@ -246,10 +267,11 @@ class StreamCreate(_message.Message):
         primary: _builtins.str = ...,
         fence_epoch: _builtins.int = ...,
         epoch_start_seq: _builtins.int = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "epoch_start_seq", b"epoch_start_seq", "fence_epoch", b"fence_epoch", "primary", b"primary", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "epoch_start_seq", b"epoch_start_seq", "fence_epoch", b"fence_epoch", "owner", b"owner", "primary", b"primary", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -540,6 +562,63 @@ class ConsumerProgress(_message.Message):
 Global___ConsumerProgress: _TypeAlias = ConsumerProgress  # noqa: Y015
 
 @_typing.final
+class ConsumerStateSet(_message.Message):
+    """An operator sets one consumer's progress (raftlog audit repair, through the stream's
+    primary): unlike ConsumerProgress the values replace the stored ones, so a floor or a cursor
+    may go down. Acked seqs at or below the floor are dropped, and the floor moves over acked
+    seqs that follow it, as a merge would leave them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    ACK_FLOOR_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
+    DELIVERED_SEQ_FIELD_NUMBER: _builtins.int
+    COMMIT_SEQ_FIELD_NUMBER: _builtins.int
+    FENCE_EPOCH_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    consumer: _builtins.str
+    ack_floor: _builtins.int
+    delivered_seq: _builtins.int
+    commit_seq: _builtins.int
+    """The stream's commit seq on the proposing primary: no value may lie past it
+    (PAST_COMMITTED_END). A commit seq only grows, so the bound holds when applied.
+    """
+    fence_epoch: _builtins.int
+    """The proposing primary's fence epoch; below the stream's current one the set is refused
+    (STALE_EPOCH): the primary that held the consumer out of service was replaced. 0 = not
+    checked.
+    """
+    @_builtins.property
+    def acked(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def expect(self) -> _consumers_pb2.ConsumerStateExpect:
+        """When set, refused (CONSUMER_CHANGED) unless the consumer's state is still this."""
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        consumer: _builtins.str = ...,
+        ack_floor: _builtins.int = ...,
+        acked: _abc.Iterable[_builtins.int] | None = ...,
+        delivered_seq: _builtins.int = ...,
+        commit_seq: _builtins.int = ...,
+        fence_epoch: _builtins.int = ...,
+        expect: _consumers_pb2.ConsumerStateExpect | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked", b"acked", "commit_seq", b"commit_seq", "consumer", b"consumer", "delivered_seq", b"delivered_seq", "expect", b"expect", "fence_epoch", b"fence_epoch", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerStateSet: _TypeAlias = ConsumerStateSet  # noqa: Y015
+
+@_typing.final
 class StreamPromotes(_message.Message):
     """Many failovers in one entry (all the streams a lost node led): each promote is applied on its
     own, as a StreamPromote would be; a rejected one is reported in RaftResult.skipped (with the
@@ -580,6 +659,86 @@ class Barrier(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Barrier: _TypeAlias = Barrier  # noqa: Y015
+
+@_typing.final
+class UserPut(_message.Message):
+    """Adds a user (`create`: refused with USER_EXISTS when the name is taken) or replaces an
+    existing one's rules and TLS subject (not `create`: refused with USER_NOT_FOUND when absent).
+    A replace keeps the user's tokens: they change only through UserTokens.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    CREATE_FIELD_NUMBER: _builtins.int
+    create: _builtins.bool
+    @_builtins.property
+    def user(self) -> Global___UserRecord: ...
+    def __init__(
+        self,
+        *,
+        user: Global___UserRecord | None = ...,
+        create: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create", b"create", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserPut: _TypeAlias = UserPut  # noqa: Y015
+
+@_typing.final
+class UserDelete(_message.Message):
+    """Removes a user and its tokens. The last user may be removed: authentication is then off."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserDelete: _TypeAlias = UserDelete  # noqa: Y015
+
+@_typing.final
+class UserTokens(_message.Message):
+    """Adds tokens to a user (a rotation's first step) and/or, with `keep_newest_only`, drops every
+    token but the one added last (its revoke step). Only hashes travel: the token itself is never
+    in the log.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADD_FIELD_NUMBER: _builtins.int
+    KEEP_NEWEST_ONLY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    keep_newest_only: _builtins.bool
+    @_builtins.property
+    def add(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenRecord]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        add: _abc.Iterable[Global___TokenRecord] | None = ...,
+        keep_newest_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "keep_newest_only", b"keep_newest_only", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserTokens: _TypeAlias = UserTokens  # noqa: Y015
 
 @_typing.final
 class RaftResult(_message.Message):
@@ -767,6 +926,7 @@ class StreamAssignment(_message.Message):
     UPDATED_MS_FIELD_NUMBER: _builtins.int
     OVERRIDE_FIELD_NUMBER: _builtins.int
     EPOCH_HISTORY_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     stream_id: _builtins.int
     primary: _builtins.str
@@ -774,6 +934,8 @@ class StreamAssignment(_message.Message):
     epoch_start_seq: _builtins.int
     created_ms: _builtins.int
     updated_ms: _builtins.int
+    owner: _builtins.str
+    """See StreamCreate.owner."""
     @_builtins.property
     def config(self) -> _types_pb2.StreamConfig: ...
     @_builtins.property
@@ -800,10 +962,11 @@ class StreamAssignment(_message.Message):
         updated_ms: _builtins.int = ...,
         override: Global___AuthorityOverride | None = ...,
         epoch_history: _abc.Iterable[Global___EpochStart] | None = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "override", b"override"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "epoch_history", b"epoch_history", "epoch_start_seq", b"epoch_start_seq", "fence_epoch", b"fence_epoch", "name", b"name", "override", b"override", "primary", b"primary", "replicas", b"replicas", "stream_id", b"stream_id", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "epoch_history", b"epoch_history", "epoch_start_seq", b"epoch_start_seq", "fence_epoch", b"fence_epoch", "name", b"name", "override", b"override", "owner", b"owner", "primary", b"primary", "replicas", b"replicas", "stream_id", b"stream_id", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -848,6 +1011,145 @@ class ConsumerAssignment(_message.Message):
 Global___ConsumerAssignment: _TypeAlias = ConsumerAssignment  # noqa: Y015
 
 @_typing.final
+class TokenRecord(_message.Message):
+    """One credential of a user. The bearer token is a random string the client holds; the cluster
+    keeps only its SHA-256, and the key RocketMQ clients sign their requests with (derived from
+    the token, docs/auth.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    HMAC_KEY_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """Lowercase hex SHA-256 of the token's UTF-8 bytes."""
+    hmac_key: _builtins.str
+    """Lowercase hex; the RocketMQ front-ends verify MQv2-HMAC-SHA1 signatures with it."""
+    created_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+        hmac_key: _builtins.str = ...,
+        created_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "hmac_key", b"hmac_key", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenRecord: _TypeAlias = TokenRecord  # noqa: Y015
+
+@_typing.final
+class UserRules(_message.Message):
+    """What a user may do. A pattern is a NATS subject pattern (`*` one token, `>` the rest); a
+    deny pattern wins over every allow pattern.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLISH_ALLOW_FIELD_NUMBER: _builtins.int
+    PUBLISH_DENY_FIELD_NUMBER: _builtins.int
+    SUBSCRIBE_ALLOW_FIELD_NUMBER: _builtins.int
+    SUBSCRIBE_DENY_FIELD_NUMBER: _builtins.int
+    STREAM_ADMIN_FIELD_NUMBER: _builtins.int
+    CONSUMER_ADMIN_FIELD_NUMBER: _builtins.int
+    CLUSTER_ADMIN_FIELD_NUMBER: _builtins.int
+    stream_admin: _builtins.bool
+    """Create, update, purge and delete streams (and topics, buckets, collections)."""
+    consumer_admin: _builtins.bool
+    """Create and delete consumers."""
+    cluster_admin: _builtins.bool
+    """Manage users and call the Cluster service's admin methods."""
+    @_builtins.property
+    def publish_allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def publish_deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def subscribe_allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def subscribe_deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        publish_allow: _abc.Iterable[_builtins.str] | None = ...,
+        publish_deny: _abc.Iterable[_builtins.str] | None = ...,
+        subscribe_allow: _abc.Iterable[_builtins.str] | None = ...,
+        subscribe_deny: _abc.Iterable[_builtins.str] | None = ...,
+        stream_admin: _builtins.bool = ...,
+        consumer_admin: _builtins.bool = ...,
+        cluster_admin: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_admin", b"cluster_admin", "consumer_admin", b"consumer_admin", "publish_allow", b"publish_allow", "publish_deny", b"publish_deny", "stream_admin", b"stream_admin", "subscribe_allow", b"subscribe_allow", "subscribe_deny", b"subscribe_deny"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserRules: _TypeAlias = UserRules  # noqa: Y015
+
+@_typing.final
+class UserRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    TLS_SUBJECT_FIELD_NUMBER: _builtins.int
+    RULES_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    MAX_MSGS_PER_S_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_STORED_FIELD_NUMBER: _builtins.int
+    MAX_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    MAX_SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1..64 of [A-Za-z0-9_-]."""
+    tls_subject: _builtins.str
+    """The common name of a client certificate that authenticates as this user ("" = none)."""
+    created_ms: _builtins.int
+    updated_ms: _builtins.int
+    max_msgs_per_s: _builtins.int
+    """Publish rates of this user, counted on each node that receives its calls (0 = no quota;
+    docs/quotas.md).
+    """
+    max_bytes_per_s: _builtins.int
+    max_bytes_stored: _builtins.int
+    """Held at once (0 = no quota; docs/quotas.md): the sum of max_bytes of the streams this user
+    owns, checked by the state machine; connections and subscriptions, counted on each node.
+    """
+    max_connections: _builtins.int
+    max_subscriptions: _builtins.int
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenRecord]: ...
+    @_builtins.property
+    def rules(self) -> Global___UserRules: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        tokens: _abc.Iterable[Global___TokenRecord] | None = ...,
+        tls_subject: _builtins.str = ...,
+        rules: Global___UserRules | None = ...,
+        created_ms: _builtins.int = ...,
+        updated_ms: _builtins.int = ...,
+        max_msgs_per_s: _builtins.int = ...,
+        max_bytes_per_s: _builtins.int = ...,
+        max_bytes_stored: _builtins.int = ...,
+        max_connections: _builtins.int = ...,
+        max_subscriptions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rules", b"rules"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "max_bytes_per_s", b"max_bytes_per_s", "max_bytes_stored", b"max_bytes_stored", "max_connections", b"max_connections", "max_msgs_per_s", b"max_msgs_per_s", "max_subscriptions", b"max_subscriptions", "name", b"name", "rules", b"rules", "tls_subject", b"tls_subject", "tokens", b"tokens", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserRecord: _TypeAlias = UserRecord  # noqa: Y015
+
+@_typing.final
 class RaftSnapshot(_message.Message):
     """The whole metadata state; also the content of the Raft snapshot file. Lists are sorted by
     key, so equal states give equal bytes.
@@ -860,6 +1162,7 @@ class RaftSnapshot(_message.Message):
     MEMBERS_FIELD_NUMBER: _builtins.int
     STREAMS_FIELD_NUMBER: _builtins.int
     CONSUMERS_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
     LAST_ENTRY_FIELD_NUMBER: _builtins.int
     PREV_ENTRY_FIELD_NUMBER: _builtins.int
     RAFT_NODES_FIELD_NUMBER: _builtins.int
@@ -872,6 +1175,10 @@ class RaftSnapshot(_message.Message):
     def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamAssignment]: ...
     @_builtins.property
     def consumers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerAssignment]: ...
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserRecord]:
+        """Sorted by name. While empty, client calls need no credential (docs/auth.md)."""
+
     @_builtins.property
     def last_entry(self) -> Global___JournalEntry:
         """Bookkeeping of the Raft library, written by raftlog.raft.group (absent elsewhere): the last
@@ -890,13 +1197,14 @@ class RaftSnapshot(_message.Message):
         members: _abc.Iterable[Global___MemberRecord] | None = ...,
         streams: _abc.Iterable[Global___StreamAssignment] | None = ...,
         consumers: _abc.Iterable[Global___ConsumerAssignment] | None = ...,
+        users: _abc.Iterable[Global___UserRecord] | None = ...,
         last_entry: Global___JournalEntry | None = ...,
         prev_entry: Global___JournalEntry | None = ...,
         raft_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_entry", b"last_entry", "prev_entry", b"prev_entry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumers", b"consumers", "last_applied_index", b"last_applied_index", "last_entry", b"last_entry", "members", b"members", "next_stream_id", b"next_stream_id", "prev_entry", b"prev_entry", "raft_nodes", b"raft_nodes", "streams", b"streams"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumers", b"consumers", "last_applied_index", b"last_applied_index", "last_entry", b"last_entry", "members", b"members", "next_stream_id", b"next_stream_id", "prev_entry", b"prev_entry", "raft_nodes", b"raft_nodes", "streams", b"streams", "users", b"users"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

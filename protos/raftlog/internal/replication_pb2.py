@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from raftlog.internal import raft_pb2 as raftlog_dot_internal_dot_raft__pb2
+from raftlog.v1 import consumers_pb2 as raftlog_dot_v1_dot_consumers__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"raftlog/internal/replication.proto\x12\x10raftlog.internal\x1a\x1braftlog/internal/raft.proto\"\'\n\x08SeqRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\x0c\n\x04last\x18\x02 \x01(\x04\"\xe9\x02\n\x10ReplicateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x17\n\x0f\x65poch_start_seq\x18\x03 \x01(\x04\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08messages\x18\x05 \x03(\x0c\x12\x12\n\ncommit_seq\x18\x06 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\r\x12+\n\x07removed\x18\x08 \x03(\x0b\x32\x1a.raftlog.internal.SeqRange\x12\x0e\n\x06reseed\x18\t \x01(\x08\x12\x0f\n\x07primary\x18\n \x01(\t\x12\x10\n\x08head_seq\x18\x0b \x01(\x04\x12\x12\n\nrequest_id\x18\x0c \x01(\x04\x12-\n\x07history\x18\r \x03(\x0b\x32\x1c.raftlog.internal.EpochStart\x12/\n\x07\x63ommits\x18\x0e \x03(\x0b\x32\x1e.raftlog.internal.StreamCommit\"A\n\x0cStreamCommit\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ncommit_seq\x18\x03 \x01(\x04\"\x8c\x01\n\x0cReplicateAck\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x15\n\rreplica_epoch\x18\x06 \x01(\x04\x12\x12\n\nrequest_id\x18\x07 \x01(\x04\"=\n\x16GetReplicaStateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\"\xc2\x01\n\x0cReplicaState\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65xists\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x10\n\x08last_seq\x18\x06 \x01(\x04\x12\x12\n\ncommit_seq\x18\x07 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x08 \x01(\x04\x12\x0f\n\x07serving\x18\t \x01(\x08\x12\x12\n\nlast_epoch\x18\n \x01(\x04\"C\n\x10ReadLocalRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\r\"+\n\x0cLocalMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\x0c\"t\n\x11ReadLocalResponse\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.raftlog.internal.LocalMessage\x12-\n\x05state\x18\x02 \x01(\x0b\x32\x1e.raftlog.internal.ReplicaState\"/\n\x0bPingRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\t\"\x92\x02\n\tPingReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bloop_lag_ms\x18\x02 \x01(\r\x12\x31\n\x08troubles\x18\x03 \x03(\x0b\x32\x1f.raftlog.internal.StreamTrouble\x12<\n\tsilent_ms\x18\x04 \x03(\x0b\x32).raftlog.internal.PingReply.SilentMsEntry\x12\r\n\x05proof\x18\x05 \x01(\t\x12\x1a\n\x12raft_applied_index\x18\x06 \x01(\x04\x12\x12\n\nraft_ready\x18\x07 \x01(\x08\x1a/\n\rSilentMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\\\n\rStreamTrouble\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x18\n\x10\x61ssignment_epoch\x18\x02 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x03 \x01(\x04\x12\x0b\n\x03why\x18\x04 \x01(\t\"1\n\nSurveyItem\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\">\n\rSurveyRequest\x12-\n\x07streams\x18\x01 \x03(\x0b\x32\x1c.raftlog.internal.SurveyItem\"=\n\x0bSurveyReply\x12.\n\x06states\x18\x01 \x03(\x0b\x32\x1e.raftlog.internal.ReplicaState2\xa3\x03\n\x0bReplication\x12S\n\tReplicate\x12\".raftlog.internal.ReplicateRequest\x1a\x1e.raftlog.internal.ReplicateAck(\x01\x30\x01\x12[\n\x0fGetReplicaState\x12(.raftlog.internal.GetReplicaStateRequest\x1a\x1e.raftlog.internal.ReplicaState\x12T\n\tReadLocal\x12\".raftlog.internal.ReadLocalRequest\x1a#.raftlog.internal.ReadLocalResponse\x12\x42\n\x04Ping\x12\x1d.raftlog.internal.PingRequest\x1a\x1b.raftlog.internal.PingReply\x12H\n\x06Survey\x12\x1f.raftlog.internal.SurveyRequest\x1a\x1d.raftlog.internal.SurveyReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"raftlog/internal/replication.proto\x12\x10raftlog.internal\x1a\x1braftlog/internal/raft.proto\x1a\x1araftlog/v1/consumers.proto\"\'\n\x08SeqRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\x0c\n\x04last\x18\x02 \x01(\x04\"\xe9\x02\n\x10ReplicateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x17\n\x0f\x65poch_start_seq\x18\x03 \x01(\x04\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08messages\x18\x05 \x03(\x0c\x12\x12\n\ncommit_seq\x18\x06 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\r\x12+\n\x07removed\x18\x08 \x03(\x0b\x32\x1a.raftlog.internal.SeqRange\x12\x0e\n\x06reseed\x18\t \x01(\x08\x12\x0f\n\x07primary\x18\n \x01(\t\x12\x10\n\x08head_seq\x18\x0b \x01(\x04\x12\x12\n\nrequest_id\x18\x0c \x01(\x04\x12-\n\x07history\x18\r \x03(\x0b\x32\x1c.raftlog.internal.EpochStart\x12/\n\x07\x63ommits\x18\x0e \x03(\x0b\x32\x1e.raftlog.internal.StreamCommit\"A\n\x0cStreamCommit\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ncommit_seq\x18\x03 \x01(\x04\"\x8c\x01\n\x0cReplicateAck\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x15\n\rreplica_epoch\x18\x06 \x01(\x04\x12\x12\n\nrequest_id\x18\x07 \x01(\x04\"=\n\x16GetReplicaStateRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\"\xc2\x01\n\x0cReplicaState\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65xists\x18\x03 \x01(\x08\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tfirst_seq\x18\x05 \x01(\x04\x12\x10\n\x08last_seq\x18\x06 \x01(\x04\x12\x12\n\ncommit_seq\x18\x07 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x08 \x01(\x04\x12\x0f\n\x07serving\x18\t \x01(\x08\x12\x12\n\nlast_epoch\x18\n \x01(\x04\"C\n\x10ReadLocalRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\r\"+\n\x0cLocalMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\x0c\"t\n\x11ReadLocalResponse\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.raftlog.internal.LocalMessage\x12-\n\x05state\x18\x02 \x01(\x0b\x32\x1e.raftlog.internal.ReplicaState\"/\n\x0bPingRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\t\"\x92\x02\n\tPingReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bloop_lag_ms\x18\x02 \x01(\r\x12\x31\n\x08troubles\x18\x03 \x03(\x0b\x32\x1f.raftlog.internal.StreamTrouble\x12<\n\tsilent_ms\x18\x04 \x03(\x0b\x32).raftlog.internal.PingReply.SilentMsEntry\x12\r\n\x05proof\x18\x05 \x01(\t\x12\x1a\n\x12raft_applied_index\x18\x06 \x01(\x04\x12\x12\n\nraft_ready\x18\x07 \x01(\x08\x1a/\n\rSilentMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\\\n\rStreamTrouble\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x18\n\x10\x61ssignment_epoch\x18\x02 \x01(\x04\x12\x14\n\x0c\x66\x65nced_epoch\x18\x03 \x01(\x04\x12\x0b\n\x03why\x18\x04 \x01(\t\"1\n\nSurveyItem\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x02 \x01(\x04\">\n\rSurveyRequest\x12-\n\x07streams\x18\x01 \x03(\x0b\x32\x1c.raftlog.internal.SurveyItem\"=\n\x0bSurveyReply\x12.\n\x06states\x18\x01 \x03(\x0b\x32\x1e.raftlog.internal.ReplicaState\"\xe1\x01\n\rRepairRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x1c\n\x0f\x65xpect_last_seq\x18\x02 \x01(\x04H\x01\x88\x01\x01\x12\x19\n\x0c\x65xpect_epoch\x18\x03 \x01(\x04H\x02\x88\x01\x01\x12\x18\n\x0etruncate_after\x18\x04 \x01(\x04H\x00\x12*\n\x03put\x18\x05 \x01(\x0b\x32\x1b.raftlog.internal.RepairPutH\x00\x12\x12\n\x08reset_to\x18\x06 \x01(\x04H\x00\x42\x08\n\x06\x61\x63tionB\x12\n\x10_expect_last_seqB\x0f\n\r_expect_epoch\"=\n\tRepairPut\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.raftlog.internal.LocalMessage\"M\n\x0bRepairReply\x12-\n\x05state\x18\x01 \x01(\x0b\x32\x1e.raftlog.internal.ReplicaState\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x04\"j\n\x15RepairConsumerRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12/\n\x06\x65xpect\x18\x03 \x01(\x0b\x32\x1f.raftlog.v1.ConsumerStateExpect\"&\n\x13RepairConsumerReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x04\x32\xcf\x04\n\x0bReplication\x12S\n\tReplicate\x12\".raftlog.internal.ReplicateRequest\x1a\x1e.raftlog.internal.ReplicateAck(\x01\x30\x01\x12[\n\x0fGetReplicaState\x12(.raftlog.internal.GetReplicaStateRequest\x1a\x1e.raftlog.internal.ReplicaState\x12T\n\tReadLocal\x12\".raftlog.internal.ReadLocalRequest\x1a#.raftlog.internal.ReadLocalResponse\x12\x42\n\x04Ping\x12\x1d.raftlog.internal.PingRequest\x1a\x1b.raftlog.internal.PingReply\x12H\n\x06Survey\x12\x1f.raftlog.internal.SurveyRequest\x1a\x1d.raftlog.internal.SurveyReply\x12H\n\x06Repair\x12\x1f.raftlog.internal.RepairRequest\x1a\x1d.raftlog.internal.RepairReply\x12`\n\x0eRepairConsumer\x12\'.raftlog.internal.RepairConsumerRequest\x1a%.raftlog.internal.RepairConsumerReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,38 +35,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PINGREPLY_SILENTMSENTRY']._loaded_options = None
   _globals['_PINGREPLY_SILENTMSENTRY']._serialized_options = b'8\001'
-  _globals['_SEQRANGE']._serialized_start=85
-  _globals['_SEQRANGE']._serialized_end=124
-  _globals['_REPLICATEREQUEST']._serialized_start=127
-  _globals['_REPLICATEREQUEST']._serialized_end=488
-  _globals['_STREAMCOMMIT']._serialized_start=490
-  _globals['_STREAMCOMMIT']._serialized_end=555
-  _globals['_REPLICATEACK']._serialized_start=558
-  _globals['_REPLICATEACK']._serialized_end=698
-  _globals['_GETREPLICASTATEREQUEST']._serialized_start=700
-  _globals['_GETREPLICASTATEREQUEST']._serialized_end=761
-  _globals['_REPLICASTATE']._serialized_start=764
-  _globals['_REPLICASTATE']._serialized_end=958
-  _globals['_READLOCALREQUEST']._serialized_start=960
-  _globals['_READLOCALREQUEST']._serialized_end=1027
-  _globals['_LOCALMESSAGE']._serialized_start=1029
-  _globals['_LOCALMESSAGE']._serialized_end=1072
-  _globals['_READLOCALRESPONSE']._serialized_start=1074
-  _globals['_READLOCALRESPONSE']._serialized_end=1190
-  _globals['_PINGREQUEST']._serialized_start=1192
-  _globals['_PINGREQUEST']._serialized_end=1239
-  _globals['_PINGREPLY']._serialized_start=1242
-  _globals['_PINGREPLY']._serialized_end=1516
-  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_start=1469
-  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_end=1516
-  _globals['_STREAMTROUBLE']._serialized_start=1518
-  _globals['_STREAMTROUBLE']._serialized_end=1610
-  _globals['_SURVEYITEM']._serialized_start=1612
-  _globals['_SURVEYITEM']._serialized_end=1661
-  _globals['_SURVEYREQUEST']._serialized_start=1663
-  _globals['_SURVEYREQUEST']._serialized_end=1725
-  _globals['_SURVEYREPLY']._serialized_start=1727
-  _globals['_SURVEYREPLY']._serialized_end=1788
-  _globals['_REPLICATION']._serialized_start=1791
-  _globals['_REPLICATION']._serialized_end=2210
+  _globals['_SEQRANGE']._serialized_start=113
+  _globals['_SEQRANGE']._serialized_end=152
+  _globals['_REPLICATEREQUEST']._serialized_start=155
+  _globals['_REPLICATEREQUEST']._serialized_end=516
+  _globals['_STREAMCOMMIT']._serialized_start=518
+  _globals['_STREAMCOMMIT']._serialized_end=583
+  _globals['_REPLICATEACK']._serialized_start=586
+  _globals['_REPLICATEACK']._serialized_end=726
+  _globals['_GETREPLICASTATEREQUEST']._serialized_start=728
+  _globals['_GETREPLICASTATEREQUEST']._serialized_end=789
+  _globals['_REPLICASTATE']._serialized_start=792
+  _globals['_REPLICASTATE']._serialized_end=986
+  _globals['_READLOCALREQUEST']._serialized_start=988
+  _globals['_READLOCALREQUEST']._serialized_end=1055
+  _globals['_LOCALMESSAGE']._serialized_start=1057
+  _globals['_LOCALMESSAGE']._serialized_end=1100
+  _globals['_READLOCALRESPONSE']._serialized_start=1102
+  _globals['_READLOCALRESPONSE']._serialized_end=1218
+  _globals['_PINGREQUEST']._serialized_start=1220
+  _globals['_PINGREQUEST']._serialized_end=1267
+  _globals['_PINGREPLY']._serialized_start=1270
+  _globals['_PINGREPLY']._serialized_end=1544
+  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_start=1497
+  _globals['_PINGREPLY_SILENTMSENTRY']._serialized_end=1544
+  _globals['_STREAMTROUBLE']._serialized_start=1546
+  _globals['_STREAMTROUBLE']._serialized_end=1638
+  _globals['_SURVEYITEM']._serialized_start=1640
+  _globals['_SURVEYITEM']._serialized_end=1689
+  _globals['_SURVEYREQUEST']._serialized_start=1691
+  _globals['_SURVEYREQUEST']._serialized_end=1753
+  _globals['_SURVEYREPLY']._serialized_start=1755
+  _globals['_SURVEYREPLY']._serialized_end=1816
+  _globals['_REPAIRREQUEST']._serialized_start=1819
+  _globals['_REPAIRREQUEST']._serialized_end=2044
+  _globals['_REPAIRPUT']._serialized_start=2046
+  _globals['_REPAIRPUT']._serialized_end=2107
+  _globals['_REPAIRREPLY']._serialized_start=2109
+  _globals['_REPAIRREPLY']._serialized_end=2186
+  _globals['_REPAIRCONSUMERREQUEST']._serialized_start=2188
+  _globals['_REPAIRCONSUMERREQUEST']._serialized_end=2294
+  _globals['_REPAIRCONSUMERREPLY']._serialized_start=2296
+  _globals['_REPAIRCONSUMERREPLY']._serialized_end=2334
+  _globals['_REPLICATION']._serialized_start=2337
+  _globals['_REPLICATION']._serialized_end=2928
 # @@protoc_insertion_point(module_scope)

@@ -15,6 +15,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from raftlog.internal import raft_pb2 as _raft_pb2
+from raftlog.v1 import consumers_pb2 as _consumers_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -540,3 +541,150 @@ class SurveyReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SurveyReply: _TypeAlias = SurveyReply  # noqa: Y015
+
+@_typing.final
+class RepairRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    EXPECT_LAST_SEQ_FIELD_NUMBER: _builtins.int
+    EXPECT_EPOCH_FIELD_NUMBER: _builtins.int
+    TRUNCATE_AFTER_FIELD_NUMBER: _builtins.int
+    PUT_FIELD_NUMBER: _builtins.int
+    RESET_TO_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    expect_last_seq: _builtins.int
+    """The copy's last seq and epoch as the plan saw them; a copy elsewhere refuses (COPY_CHANGED)."""
+    expect_epoch: _builtins.int
+    truncate_after: _builtins.int
+    """Remove every message above this seq (an uncommitted or divergent tail)."""
+    reset_to: _builtins.int
+    """Drop the whole copy; the next message stored is this seq (the primary re-sends from it)."""
+    @_builtins.property
+    def put(self) -> Global___RepairPut:
+        """Store these messages at their seqs, all within the copy's [first_seq, last_seq]: holes
+        are filled, a message that differs is replaced (the bytes of the authoritative copy).
+        """
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        expect_last_seq: _builtins.int | None = ...,
+        expect_epoch: _builtins.int | None = ...,
+        truncate_after: _builtins.int = ...,
+        put: Global___RepairPut | None = ...,
+        reset_to: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_epoch", b"_expect_epoch", "_expect_last_seq", b"_expect_last_seq", "action", b"action", "expect_epoch", b"expect_epoch", "expect_last_seq", b"expect_last_seq", "put", b"put", "reset_to", b"reset_to", "truncate_after", b"truncate_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_epoch", b"_expect_epoch", "_expect_last_seq", b"_expect_last_seq", "action", b"action", "expect_epoch", b"expect_epoch", "expect_last_seq", b"expect_last_seq", "put", b"put", "reset_to", b"reset_to", "stream", b"stream", "truncate_after", b"truncate_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expect_epoch: _TypeAlias = _typing.Literal["expect_epoch"]  # noqa: Y015
+    _WhichOneofArgType__expect_epoch: _TypeAlias = _typing.Literal["_expect_epoch", b"_expect_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__expect_last_seq: _TypeAlias = _typing.Literal["expect_last_seq"]  # noqa: Y015
+    _WhichOneofArgType__expect_last_seq: _TypeAlias = _typing.Literal["_expect_last_seq", b"_expect_last_seq"]  # noqa: Y015
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["truncate_after", "put", "reset_to"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expect_epoch) -> _WhichOneofReturnType__expect_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expect_last_seq) -> _WhichOneofReturnType__expect_last_seq | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___RepairRequest: _TypeAlias = RepairRequest  # noqa: Y015
+
+@_typing.final
+class RepairPut(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___LocalMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___LocalMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepairPut: _TypeAlias = RepairPut  # noqa: Y015
+
+@_typing.final
+class RepairReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.int
+    """Messages removed, stored or dropped."""
+    @_builtins.property
+    def state(self) -> Global___ReplicaState:
+        """The copy after the repair."""
+
+    def __init__(
+        self,
+        *,
+        state: Global___ReplicaState | None = ...,
+        changed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepairReply: _TypeAlias = RepairReply  # noqa: Y015
+
+@_typing.final
+class RepairConsumerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    consumer: _builtins.str
+    @_builtins.property
+    def expect(self) -> _consumers_pb2.ConsumerStateExpect:
+        """The store record's state as the plan saw it; unset: not compared."""
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        consumer: _builtins.str = ...,
+        expect: _consumers_pb2.ConsumerStateExpect | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "expect", b"expect", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepairConsumerRequest: _TypeAlias = RepairConsumerRequest  # noqa: Y015
+
+@_typing.final
+class RepairConsumerReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.int
+    """Records removed (0: the store holds none for the consumer)."""
+    def __init__(
+        self,
+        *,
+        changed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepairConsumerReply: _TypeAlias = RepairConsumerReply  # noqa: Y015

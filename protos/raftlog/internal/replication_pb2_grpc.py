@@ -59,6 +59,16 @@ class ReplicationStub:
                 request_serializer=raftlog_dot_internal_dot_replication__pb2.SurveyRequest.SerializeToString,
                 response_deserializer=raftlog_dot_internal_dot_replication__pb2.SurveyReply.FromString,
                 _registered_method=True)
+        self.Repair = channel.unary_unary(
+                '/raftlog.internal.Replication/Repair',
+                request_serializer=raftlog_dot_internal_dot_replication__pb2.RepairRequest.SerializeToString,
+                response_deserializer=raftlog_dot_internal_dot_replication__pb2.RepairReply.FromString,
+                _registered_method=True)
+        self.RepairConsumer = channel.unary_unary(
+                '/raftlog.internal.Replication/RepairConsumer',
+                request_serializer=raftlog_dot_internal_dot_replication__pb2.RepairConsumerRequest.SerializeToString,
+                response_deserializer=raftlog_dot_internal_dot_replication__pb2.RepairConsumerReply.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -100,6 +110,25 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Repair(self, request, context):
+        """One step of an audit's repair plan on this node's local copy (raftlog audit repair). Refused
+        for a copy this node serves as primary, and when the copy is not where the plan saw it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepairConsumer(self, request, context):
+        """A consumer step of an audit's repair plan on this node's own consumer store (the RocksDB
+        copy; holder "store" in an export). A member keeps consumer state in the metadata group
+        only, and nothing keeps a record in its own store up to date, so the record is removed:
+        what the node serves is the metadata's copy. Refused when the record is no longer what the
+        plan saw (CONSUMER_CHANGED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +156,16 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Survey,
                     request_deserializer=raftlog_dot_internal_dot_replication__pb2.SurveyRequest.FromString,
                     response_serializer=raftlog_dot_internal_dot_replication__pb2.SurveyReply.SerializeToString,
+            ),
+            'Repair': grpc.unary_unary_rpc_method_handler(
+                    servicer.Repair,
+                    request_deserializer=raftlog_dot_internal_dot_replication__pb2.RepairRequest.FromString,
+                    response_serializer=raftlog_dot_internal_dot_replication__pb2.RepairReply.SerializeToString,
+            ),
+            'RepairConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepairConsumer,
+                    request_deserializer=raftlog_dot_internal_dot_replication__pb2.RepairConsumerRequest.FromString,
+                    response_serializer=raftlog_dot_internal_dot_replication__pb2.RepairConsumerReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +303,60 @@ class Replication:
             '/raftlog.internal.Replication/Survey',
             raftlog_dot_internal_dot_replication__pb2.SurveyRequest.SerializeToString,
             raftlog_dot_internal_dot_replication__pb2.SurveyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Repair(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.internal.Replication/Repair',
+            raftlog_dot_internal_dot_replication__pb2.RepairRequest.SerializeToString,
+            raftlog_dot_internal_dot_replication__pb2.RepairReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepairConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.internal.Replication/RepairConsumer',
+            raftlog_dot_internal_dot_replication__pb2.RepairConsumerRequest.SerializeToString,
+            raftlog_dot_internal_dot_replication__pb2.RepairConsumerReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,17 @@ class ReplicationStub:
     """The positions of many streams at once, each first fenced at its `fence_epoch` when that is
     set: one call per node for every stream a failover or repair is about.
     """
+    Repair: _grpc.UnaryUnaryMultiCallable[_replication_pb2.RepairRequest, _replication_pb2.RepairReply]
+    """One step of an audit's repair plan on this node's local copy (raftlog audit repair). Refused
+    for a copy this node serves as primary, and when the copy is not where the plan saw it.
+    """
+    RepairConsumer: _grpc.UnaryUnaryMultiCallable[_replication_pb2.RepairConsumerRequest, _replication_pb2.RepairConsumerReply]
+    """A consumer step of an audit's repair plan on this node's own consumer store (the RocksDB
+    copy; holder "store" in an export). A member keeps consumer state in the metadata group
+    only, and nothing keeps a record in its own store up to date, so the record is removed:
+    what the node serves is the metadata's copy. Refused when the record is no longer what the
+    plan saw (CONSUMER_CHANGED).
+    """
 
 @_typing.type_check_only
 class ReplicationAsyncStub(ReplicationStub):
@@ -67,6 +78,17 @@ class ReplicationAsyncStub(ReplicationStub):
     Survey: _aio.UnaryUnaryMultiCallable[_replication_pb2.SurveyRequest, _replication_pb2.SurveyReply]  # type: ignore[assignment]
     """The positions of many streams at once, each first fenced at its `fence_epoch` when that is
     set: one call per node for every stream a failover or repair is about.
+    """
+    Repair: _aio.UnaryUnaryMultiCallable[_replication_pb2.RepairRequest, _replication_pb2.RepairReply]  # type: ignore[assignment]
+    """One step of an audit's repair plan on this node's local copy (raftlog audit repair). Refused
+    for a copy this node serves as primary, and when the copy is not where the plan saw it.
+    """
+    RepairConsumer: _aio.UnaryUnaryMultiCallable[_replication_pb2.RepairConsumerRequest, _replication_pb2.RepairConsumerReply]  # type: ignore[assignment]
+    """A consumer step of an audit's repair plan on this node's own consumer store (the RocksDB
+    copy; holder "store" in an export). A member keeps consumer state in the metadata group
+    only, and nothing keeps a record in its own store up to date, so the record is removed:
+    what the node serves is the metadata's copy. Refused when the record is no longer what the
+    plan saw (CONSUMER_CHANGED).
     """
 
 class ReplicationServicer(metaclass=_abc_1.ABCMeta):
@@ -111,6 +133,29 @@ class ReplicationServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_replication_pb2.SurveyReply, _abc.Awaitable[_replication_pb2.SurveyReply]]:
         """The positions of many streams at once, each first fenced at its `fence_epoch` when that is
         set: one call per node for every stream a failover or repair is about.
+        """
+
+    @_abc_1.abstractmethod
+    def Repair(
+        self,
+        request: _replication_pb2.RepairRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_replication_pb2.RepairReply, _abc.Awaitable[_replication_pb2.RepairReply]]:
+        """One step of an audit's repair plan on this node's local copy (raftlog audit repair). Refused
+        for a copy this node serves as primary, and when the copy is not where the plan saw it.
+        """
+
+    @_abc_1.abstractmethod
+    def RepairConsumer(
+        self,
+        request: _replication_pb2.RepairConsumerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_replication_pb2.RepairConsumerReply, _abc.Awaitable[_replication_pb2.RepairConsumerReply]]:
+        """A consumer step of an audit's repair plan on this node's own consumer store (the RocksDB
+        copy; holder "store" in an export). A member keeps consumer state in the metadata group
+        only, and nothing keeps a record in its own store up to date, so the record is removed:
+        what the node serves is the metadata's copy. Refused when the record is no longer what the
+        plan saw (CONSUMER_CHANGED).
         """
 
 def add_ReplicationServicer_to_server(servicer: ReplicationServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

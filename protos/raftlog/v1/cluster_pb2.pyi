@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from raftlog.v1 import consumers_pb2 as _consumers_pb2
 from raftlog.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
@@ -779,3 +780,140 @@ class WatchEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchEvent: _TypeAlias = WatchEvent  # noqa: Y015
+
+@_typing.final
+class ExportAuditRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SKIP_MESSAGES_FIELD_NUMBER: _builtins.int
+    skip_messages: _builtins.bool
+    """Write the messages table without rows (the manifest lists it as skipped): the streams,
+    consumers and metadata only, quickly.
+    """
+    def __init__(
+        self,
+        *,
+        skip_messages: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["skip_messages", b"skip_messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportAuditRequest: _TypeAlias = ExportAuditRequest  # noqa: Y015
+
+@_typing.final
+class ExportAuditChunk(_message.Message):
+    """One piece of a file of the node's export (raftlog.audit.schema: EXPORT/<node_id>/FILE).
+    Files come one after another, each in offset order; the call's last chunk carries the
+    manifest and no data. An export is complete only once that manifest arrived.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    FILE_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    MANIFEST_JSON_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    """The exporting node."""
+    file: _builtins.str
+    """The file's name, e.g. "messages.parquet"; empty on the final chunk."""
+    offset: _builtins.int
+    """Where `data` goes in the file."""
+    data: _builtins.bytes
+    """At most 1 MiB (limits.audit_export_chunk_bytes_max)."""
+    last: _builtins.bool
+    """This is the file's last chunk: its size is offset + len(data)."""
+    manifest_json: _builtins.str
+    """On the call's final chunk only: manifest.json, as the exporter wrote it."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        file: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        manifest_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file", b"file", "last", b"last", "manifest_json", b"manifest_json", "node_id", b"node_id", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportAuditChunk: _TypeAlias = ExportAuditChunk  # noqa: Y015
+
+@_typing.final
+class SetConsumerStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    DELIVERED_SEQ_FIELD_NUMBER: _builtins.int
+    ACK_FLOOR_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    consumer: _builtins.str
+    delivered_seq: _builtins.int
+    """The delivery cursor: every seq at or below it counts as handed out."""
+    ack_floor: _builtins.int
+    """Every seq at or below it is acknowledged."""
+    @_builtins.property
+    def acked(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Acknowledged seqs above the floor (as many as one metadata command holds)."""
+
+    @_builtins.property
+    def expect(self) -> _consumers_pb2.ConsumerStateExpect:
+        """When set, the change applies only if the consumer's committed state is still this."""
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        consumer: _builtins.str = ...,
+        delivered_seq: _builtins.int = ...,
+        ack_floor: _builtins.int = ...,
+        acked: _abc.Iterable[_builtins.int] | None = ...,
+        expect: _consumers_pb2.ConsumerStateExpect | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked", b"acked", "consumer", b"consumer", "delivered_seq", b"delivered_seq", "expect", b"expect", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetConsumerStateRequest: _TypeAlias = SetConsumerStateRequest  # noqa: Y015
+
+@_typing.final
+class SetConsumerStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGED_FIELD_NUMBER: _builtins.int
+    RAFT_INDEX_FIELD_NUMBER: _builtins.int
+    COMMIT_SEQ_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """False when the consumer already held these values."""
+    raft_index: _builtins.int
+    """Raft index of the committed change."""
+    commit_seq: _builtins.int
+    """The stream's commit seq on its primary, which bounded the values."""
+    def __init__(
+        self,
+        *,
+        changed: _builtins.bool = ...,
+        raft_index: _builtins.int = ...,
+        commit_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "commit_seq", b"commit_seq", "raft_index", b"raft_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetConsumerStateResponse: _TypeAlias = SetConsumerStateResponse  # noqa: Y015

@@ -89,6 +89,16 @@ class ClusterStub:
                 request_serializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsRequest.SerializeToString,
                 response_deserializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsResponse.FromString,
                 _registered_method=True)
+        self.ExportAudit = channel.unary_stream(
+                '/raftlog.v1.Cluster/ExportAudit',
+                request_serializer=raftlog_dot_v1_dot_cluster__pb2.ExportAuditRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_cluster__pb2.ExportAuditChunk.FromString,
+                _registered_method=True)
+        self.SetConsumerState = channel.unary_unary(
+                '/raftlog.v1.Cluster/SetConsumerState',
+                request_serializer=raftlog_dot_v1_dot_cluster__pb2.SetConsumerStateRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_cluster__pb2.SetConsumerStateResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -173,6 +183,27 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportAudit(self, request, context):
+        """This node's audit export (raftlog audit export): a consistent RocksDB checkpoint taken while
+        the node keeps serving, exported to Parquet by a process of its own, streamed back file by
+        file. One export at a time per node (EXPORT_RUNNING). Requires the cluster credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetConsumerState(self, request, context):
+        """Sets one consumer's progress through the metadata group (raftlog audit repair): unlike an
+        ack, the values replace the committed ones, so a floor may go down. Served by the stream's
+        primary (forwarded there), which holds the consumer out of service meanwhile and serves it
+        again from the new state. Refused when the consumer moved since `expect`
+        (CONSUMER_CHANGED) and when a seq lies past the stream's commit seq (PAST_COMMITTED_END).
+        Requires the cluster credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -230,6 +261,16 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.RebalanceStreams,
                     request_deserializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsRequest.FromString,
                     response_serializer=raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsResponse.SerializeToString,
+            ),
+            'ExportAudit': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportAudit,
+                    request_deserializer=raftlog_dot_v1_dot_cluster__pb2.ExportAuditRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_cluster__pb2.ExportAuditChunk.SerializeToString,
+            ),
+            'SetConsumerState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetConsumerState,
+                    request_deserializer=raftlog_dot_v1_dot_cluster__pb2.SetConsumerStateRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_cluster__pb2.SetConsumerStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -529,6 +570,60 @@ class Cluster:
             '/raftlog.v1.Cluster/RebalanceStreams',
             raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsRequest.SerializeToString,
             raftlog_dot_v1_dot_cluster__pb2.RebalanceStreamsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/raftlog.v1.Cluster/ExportAudit',
+            raftlog_dot_v1_dot_cluster__pb2.ExportAuditRequest.SerializeToString,
+            raftlog_dot_v1_dot_cluster__pb2.ExportAuditChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetConsumerState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Cluster/SetConsumerState',
+            raftlog_dot_v1_dot_cluster__pb2.SetConsumerStateRequest.SerializeToString,
+            raftlog_dot_v1_dot_cluster__pb2.SetConsumerStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

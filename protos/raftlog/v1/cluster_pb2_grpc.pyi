@@ -59,6 +59,19 @@ class ClusterStub:
     """
     RebalanceStreams: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.RebalanceStreamsRequest, _cluster_pb2.RebalanceStreamsResponse]
     """Runs an explicit plan of migrations in order, one outcome per step."""
+    ExportAudit: _grpc.UnaryStreamMultiCallable[_cluster_pb2.ExportAuditRequest, _cluster_pb2.ExportAuditChunk]
+    """This node's audit export (raftlog audit export): a consistent RocksDB checkpoint taken while
+    the node keeps serving, exported to Parquet by a process of its own, streamed back file by
+    file. One export at a time per node (EXPORT_RUNNING). Requires the cluster credential.
+    """
+    SetConsumerState: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.SetConsumerStateRequest, _cluster_pb2.SetConsumerStateResponse]
+    """Sets one consumer's progress through the metadata group (raftlog audit repair): unlike an
+    ack, the values replace the committed ones, so a floor may go down. Served by the stream's
+    primary (forwarded there), which holds the consumer out of service meanwhile and serves it
+    again from the new state. Refused when the consumer moved since `expect`
+    (CONSUMER_CHANGED) and when a seq lies past the stream's commit seq (PAST_COMMITTED_END).
+    Requires the cluster credential.
+    """
 
 @_typing.type_check_only
 class ClusterAsyncStub(ClusterStub):
@@ -89,6 +102,19 @@ class ClusterAsyncStub(ClusterStub):
     """
     RebalanceStreams: _aio.UnaryUnaryMultiCallable[_cluster_pb2.RebalanceStreamsRequest, _cluster_pb2.RebalanceStreamsResponse]  # type: ignore[assignment]
     """Runs an explicit plan of migrations in order, one outcome per step."""
+    ExportAudit: _aio.UnaryStreamMultiCallable[_cluster_pb2.ExportAuditRequest, _cluster_pb2.ExportAuditChunk]  # type: ignore[assignment]
+    """This node's audit export (raftlog audit export): a consistent RocksDB checkpoint taken while
+    the node keeps serving, exported to Parquet by a process of its own, streamed back file by
+    file. One export at a time per node (EXPORT_RUNNING). Requires the cluster credential.
+    """
+    SetConsumerState: _aio.UnaryUnaryMultiCallable[_cluster_pb2.SetConsumerStateRequest, _cluster_pb2.SetConsumerStateResponse]  # type: ignore[assignment]
+    """Sets one consumer's progress through the metadata group (raftlog audit repair): unlike an
+    ack, the values replace the committed ones, so a floor may go down. Served by the stream's
+    primary (forwarded there), which holds the consumer out of service meanwhile and serves it
+    again from the new state. Refused when the consumer moved since `expect`
+    (CONSUMER_CHANGED) and when a seq lies past the stream's commit seq (PAST_COMMITTED_END).
+    Requires the cluster credential.
+    """
 
 class ClusterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -182,5 +208,30 @@ class ClusterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cluster_pb2.RebalanceStreamsResponse, _abc.Awaitable[_cluster_pb2.RebalanceStreamsResponse]]:
         """Runs an explicit plan of migrations in order, one outcome per step."""
+
+    @_abc_1.abstractmethod
+    def ExportAudit(
+        self,
+        request: _cluster_pb2.ExportAuditRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_cluster_pb2.ExportAuditChunk], _abc.AsyncIterator[_cluster_pb2.ExportAuditChunk]]:
+        """This node's audit export (raftlog audit export): a consistent RocksDB checkpoint taken while
+        the node keeps serving, exported to Parquet by a process of its own, streamed back file by
+        file. One export at a time per node (EXPORT_RUNNING). Requires the cluster credential.
+        """
+
+    @_abc_1.abstractmethod
+    def SetConsumerState(
+        self,
+        request: _cluster_pb2.SetConsumerStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.SetConsumerStateResponse, _abc.Awaitable[_cluster_pb2.SetConsumerStateResponse]]:
+        """Sets one consumer's progress through the metadata group (raftlog audit repair): unlike an
+        ack, the values replace the committed ones, so a floor may go down. Served by the stream's
+        primary (forwarded there), which holds the consumer out of service meanwhile and serves it
+        again from the new state. Refused when the consumer moved since `expect`
+        (CONSUMER_CHANGED) and when a seq lies past the stream's commit seq (PAST_COMMITTED_END).
+        Requires the cluster credential.
+        """
 
 def add_ClusterServicer_to_server(servicer: ClusterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -144,6 +144,36 @@ class ConsumerState(_message.Message):
 Global___ConsumerState: _TypeAlias = ConsumerState  # noqa: Y015
 
 @_typing.final
+class ConsumerStateExpect(_message.Message):
+    """A consumer's progress as a caller last saw it: an operator's change that must not overwrite
+    newer progress names it, and is refused (CONSUMER_CHANGED) when the consumer moved since.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERED_SEQ_FIELD_NUMBER: _builtins.int
+    ACK_FLOOR_FIELD_NUMBER: _builtins.int
+    ACKED_COUNT_FIELD_NUMBER: _builtins.int
+    delivered_seq: _builtins.int
+    ack_floor: _builtins.int
+    acked_count: _builtins.int
+    """How many seqs above the floor are acknowledged."""
+    def __init__(
+        self,
+        *,
+        delivered_seq: _builtins.int = ...,
+        ack_floor: _builtins.int = ...,
+        acked_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_floor", b"ack_floor", "acked_count", b"acked_count", "delivered_seq", b"delivered_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerStateExpect: _TypeAlias = ConsumerStateExpect  # noqa: Y015
+
+@_typing.final
 class ConsumerInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -75,6 +75,9 @@ class UpdateStreamRequest(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     SUBJECTS_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    MAX_MSGS_PER_S_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    DISCARD_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     max_age_ms: _builtins.int
     max_msgs: _builtins.int
@@ -84,6 +87,10 @@ class UpdateStreamRequest(_message.Message):
     dedupe_window_ms: _builtins.int
     description: _builtins.str
     replicas: _builtins.int
+    max_msgs_per_s: _builtins.int
+    """The publish quotas (StreamConfig); 0 lifts one."""
+    max_bytes_per_s: _builtins.int
+    discard: _types_pb2.DiscardPolicy.ValueType
     @_builtins.property
     def subjects(self) -> Global___SubjectList: ...
     def __init__(
@@ -99,23 +106,32 @@ class UpdateStreamRequest(_message.Message):
         description: _builtins.str | None = ...,
         subjects: Global___SubjectList | None = ...,
         replicas: _builtins.int | None = ...,
+        max_msgs_per_s: _builtins.int | None = ...,
+        max_bytes_per_s: _builtins.int | None = ...,
+        discard: _types_pb2.DiscardPolicy.ValueType | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_subject", b"max_msgs_per_subject", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_discard", b"_discard", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_bytes_per_s", b"_max_bytes_per_s", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_s", b"_max_msgs_per_s", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_subject", b"max_msgs_per_subject", "name", b"name", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_discard", b"_discard", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_bytes_per_s", b"_max_bytes_per_s", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_s", b"_max_msgs_per_s", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "name", b"name", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__dedupe_window_ms: _TypeAlias = _typing.Literal["dedupe_window_ms"]  # noqa: Y015
     _WhichOneofArgType__dedupe_window_ms: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms"]  # noqa: Y015
     _WhichOneofReturnType__description: _TypeAlias = _typing.Literal["description"]  # noqa: Y015
     _WhichOneofArgType__description: _TypeAlias = _typing.Literal["_description", b"_description"]  # noqa: Y015
+    _WhichOneofReturnType__discard: _TypeAlias = _typing.Literal["discard"]  # noqa: Y015
+    _WhichOneofArgType__discard: _TypeAlias = _typing.Literal["_discard", b"_discard"]  # noqa: Y015
     _WhichOneofReturnType__max_age_ms: _TypeAlias = _typing.Literal["max_age_ms"]  # noqa: Y015
     _WhichOneofArgType__max_age_ms: _TypeAlias = _typing.Literal["_max_age_ms", b"_max_age_ms"]  # noqa: Y015
     _WhichOneofReturnType__max_bytes: _TypeAlias = _typing.Literal["max_bytes"]  # noqa: Y015
     _WhichOneofArgType__max_bytes: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__max_bytes_per_s: _TypeAlias = _typing.Literal["max_bytes_per_s"]  # noqa: Y015
+    _WhichOneofArgType__max_bytes_per_s: _TypeAlias = _typing.Literal["_max_bytes_per_s", b"_max_bytes_per_s"]  # noqa: Y015
     _WhichOneofReturnType__max_msg_bytes: _TypeAlias = _typing.Literal["max_msg_bytes"]  # noqa: Y015
     _WhichOneofArgType__max_msg_bytes: _TypeAlias = _typing.Literal["_max_msg_bytes", b"_max_msg_bytes"]  # noqa: Y015
     _WhichOneofReturnType__max_msgs: _TypeAlias = _typing.Literal["max_msgs"]  # noqa: Y015
     _WhichOneofArgType__max_msgs: _TypeAlias = _typing.Literal["_max_msgs", b"_max_msgs"]  # noqa: Y015
+    _WhichOneofReturnType__max_msgs_per_s: _TypeAlias = _typing.Literal["max_msgs_per_s"]  # noqa: Y015
+    _WhichOneofArgType__max_msgs_per_s: _TypeAlias = _typing.Literal["_max_msgs_per_s", b"_max_msgs_per_s"]  # noqa: Y015
     _WhichOneofReturnType__max_msgs_per_subject: _TypeAlias = _typing.Literal["max_msgs_per_subject"]  # noqa: Y015
     _WhichOneofArgType__max_msgs_per_subject: _TypeAlias = _typing.Literal["_max_msgs_per_subject", b"_max_msgs_per_subject"]  # noqa: Y015
     _WhichOneofReturnType__replicas: _TypeAlias = _typing.Literal["replicas"]  # noqa: Y015
@@ -125,13 +141,19 @@ class UpdateStreamRequest(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__description) -> _WhichOneofReturnType__description | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__discard) -> _WhichOneofReturnType__discard | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_age_ms) -> _WhichOneofReturnType__max_age_ms | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_bytes) -> _WhichOneofReturnType__max_bytes | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_bytes_per_s) -> _WhichOneofReturnType__max_bytes_per_s | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msg_bytes) -> _WhichOneofReturnType__max_msg_bytes | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msgs) -> _WhichOneofReturnType__max_msgs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msgs_per_s) -> _WhichOneofReturnType__max_msgs_per_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msgs_per_subject) -> _WhichOneofReturnType__max_msgs_per_subject | None: ...
     @_typing.overload
@@ -494,6 +516,7 @@ class PublishRequest(_message.Message):
     EXPECTED_LAST_SEQ_FIELD_NUMBER: _builtins.int
     EXPECTED_LAST_SUBJECT_SEQ_FIELD_NUMBER: _builtins.int
     STREAM_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
     subject: _builtins.str
     payload: _builtins.bytes
     msg_id: _builtins.str
@@ -503,6 +526,11 @@ class PublishRequest(_message.Message):
     expected_last_subject_seq: _builtins.int
     """Publish only if the last seq at `subject` equals this (0 = never published to)."""
     stream: _builtins.str
+    deliver_at_ms: _builtins.int
+    """Unix ms at which the message should enter `stream`; 0, now or a past time = at once.
+    A future time keeps the message in the stream's schedule stream until then (Publish
+    only; PublishStream refuses it). At most limits.scheduled_delay_ms_max ahead.
+    """
     @_builtins.property
     def headers(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Header]: ...
     def __init__(
@@ -515,10 +543,11 @@ class PublishRequest(_message.Message):
         expected_last_seq: _builtins.int | None = ...,
         expected_last_subject_seq: _builtins.int | None = ...,
         stream: _builtins.str = ...,
+        deliver_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "_expected_last_subject_seq", b"_expected_last_subject_seq", "expected_last_seq", b"expected_last_seq", "expected_last_subject_seq", b"expected_last_subject_seq"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "_expected_last_subject_seq", b"_expected_last_subject_seq", "expected_last_seq", b"expected_last_seq", "expected_last_subject_seq", b"expected_last_subject_seq", "headers", b"headers", "msg_id", b"msg_id", "payload", b"payload", "stream", b"stream", "subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "_expected_last_subject_seq", b"_expected_last_subject_seq", "deliver_at_ms", b"deliver_at_ms", "expected_last_seq", b"expected_last_seq", "expected_last_subject_seq", b"expected_last_subject_seq", "headers", b"headers", "msg_id", b"msg_id", "payload", b"payload", "stream", b"stream", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_seq: _TypeAlias = _typing.Literal["expected_last_seq"]  # noqa: Y015
     _WhichOneofArgType__expected_last_seq: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq"]  # noqa: Y015
@@ -540,6 +569,8 @@ class PublishAck(_message.Message):
     DUPLICATE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     PRIMARY_FIELD_NUMBER: _builtins.int
+    SCHEDULED_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     seq: _builtins.int
     duplicate: _builtins.bool
@@ -549,6 +580,14 @@ class PublishAck(_message.Message):
     id (empty on a node that runs alone): two primaries never acknowledge in one epoch.
     """
     primary: _builtins.str
+    scheduled: _builtins.bool
+    """True when the message was scheduled rather than stored in its stream: `stream` and
+    `seq` then name the schedule stream and the message's place in it (its schedule seq,
+    the key of ListScheduled and CancelScheduled); epoch and primary are the schedule
+    stream's.
+    """
+    deliver_at_ms: _builtins.int
+    """The time the scheduled message is due (Unix ms); 0 when not scheduled."""
     def __init__(
         self,
         *,
@@ -557,10 +596,12 @@ class PublishAck(_message.Message):
         duplicate: _builtins.bool = ...,
         epoch: _builtins.int = ...,
         primary: _builtins.str = ...,
+        scheduled: _builtins.bool = ...,
+        deliver_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "epoch", b"epoch", "primary", b"primary", "seq", b"seq", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliver_at_ms", b"deliver_at_ms", "duplicate", b"duplicate", "epoch", b"epoch", "primary", b"primary", "scheduled", b"scheduled", "seq", b"seq", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -704,3 +745,259 @@ class PublishBatchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PublishBatchResponse: _TypeAlias = PublishBatchResponse  # noqa: Y015
+
+@_typing.final
+class ReadMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    FROM_SEQ_FIELD_NUMBER: _builtins.int
+    START_TIME_MS_FIELD_NUMBER: _builtins.int
+    FILTER_SUBJECT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    from_seq: _builtins.int
+    """First seq to consider (below the stream's first seq: from its first seq); 0 = 1."""
+    start_time_ms: _builtins.int
+    """When set (> 0), start instead at the first message stored at or after this time."""
+    filter_subject: _builtins.str
+    """Only messages whose subject matches (wildcards allowed); empty = every message."""
+    limit: _builtins.int
+    """At most this many messages; 0 = the server default (128)."""
+    max_wait_ms: _builtins.int
+    """When nothing at or after the start is committed yet, wait up to this long for it; 0 =
+    answer at once.
+    """
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        from_seq: _builtins.int = ...,
+        start_time_ms: _builtins.int = ...,
+        filter_subject: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        max_wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter_subject", b"filter_subject", "from_seq", b"from_seq", "limit", b"limit", "max_wait_ms", b"max_wait_ms", "start_time_ms", b"start_time_ms", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadMessagesRequest: _TypeAlias = ReadMessagesRequest  # noqa: Y015
+
+@_typing.final
+class ReadMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    NEXT_SEQ_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    next_seq: _builtins.int
+    """Where the next read starts: every seq below it was examined (matched or not)."""
+    first_seq: _builtins.int
+    """The stream's first stored seq and last committed seq when the read was served."""
+    last_seq: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_types_pb2.Message] | None = ...,
+        next_seq: _builtins.int = ...,
+        first_seq: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_seq", b"first_seq", "last_seq", b"last_seq", "messages", b"messages", "next_seq", b"next_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadMessagesResponse: _TypeAlias = ReadMessagesResponse  # noqa: Y015
+
+@_typing.final
+class GetStreamSourcesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    """Only the tails of this sourcing stream; empty = every tail."""
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStreamSourcesRequest: _TypeAlias = GetStreamSourcesRequest  # noqa: Y015
+
+@_typing.final
+class GetStreamSourcesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCES_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.SourceStatus]:
+        """Sorted by sourcing stream, then source stream."""
+
+    @_builtins.property
+    def unreachable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Members that did not answer in time (their tails are missing from `sources`)."""
+
+    def __init__(
+        self,
+        *,
+        sources: _abc.Iterable[_types_pb2.SourceStatus] | None = ...,
+        unreachable: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sources", b"sources", "unreachable", b"unreachable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStreamSourcesResponse: _TypeAlias = GetStreamSourcesResponse  # noqa: Y015
+
+@_typing.final
+class ListScheduledRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    FROM_SEQ_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    """The target stream (the one the messages will enter)."""
+    from_seq: _builtins.int
+    """First schedule seq to list; 0 = the first."""
+    limit: _builtins.int
+    """At most this many; 0 = the server default (limits.scheduled_list_limit_default)."""
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        from_seq: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_seq", b"from_seq", "limit", b"limit", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListScheduledRequest: _TypeAlias = ListScheduledRequest  # noqa: Y015
+
+@_typing.final
+class ScheduledMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_SEQ_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULED_MS_FIELD_NUMBER: _builtins.int
+    schedule_seq: _builtins.int
+    deliver_at_ms: _builtins.int
+    subject: _builtins.str
+    size: _builtins.int
+    """Payload plus header bytes."""
+    msg_id: _builtins.str
+    scheduled_ms: _builtins.int
+    """When it was scheduled (Unix ms)."""
+    def __init__(
+        self,
+        *,
+        schedule_seq: _builtins.int = ...,
+        deliver_at_ms: _builtins.int = ...,
+        subject: _builtins.str = ...,
+        size: _builtins.int = ...,
+        msg_id: _builtins.str = ...,
+        scheduled_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliver_at_ms", b"deliver_at_ms", "msg_id", b"msg_id", "schedule_seq", b"schedule_seq", "scheduled_ms", b"scheduled_ms", "size", b"size", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduledMessage: _TypeAlias = ScheduledMessage  # noqa: Y015
+
+@_typing.final
+class ListScheduledResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_STREAM_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    NEXT_SEQ_FIELD_NUMBER: _builtins.int
+    schedule_stream: _builtins.str
+    """The schedule stream holding them (empty when the stream never had a scheduled message)."""
+    next_seq: _builtins.int
+    """Where the next page starts; 0 when the listing reached the end."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScheduledMessage]: ...
+    def __init__(
+        self,
+        *,
+        schedule_stream: _builtins.str = ...,
+        messages: _abc.Iterable[Global___ScheduledMessage] | None = ...,
+        next_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_seq", b"next_seq", "schedule_stream", b"schedule_stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListScheduledResponse: _TypeAlias = ListScheduledResponse  # noqa: Y015
+
+@_typing.final
+class CancelScheduledRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SEQ_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    schedule_seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        schedule_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_seq", b"schedule_seq", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelScheduledRequest: _TypeAlias = CancelScheduledRequest  # noqa: Y015
+
+@_typing.final
+class CancelScheduledResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def message(self) -> Global___ScheduledMessage:
+        """The cancelled message as it was scheduled."""
+
+    def __init__(
+        self,
+        *,
+        message: Global___ScheduledMessage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelScheduledResponse: _TypeAlias = CancelScheduledResponse  # noqa: Y015

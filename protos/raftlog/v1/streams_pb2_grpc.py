@@ -100,6 +100,26 @@ class StreamsStub:
                 request_serializer=raftlog_dot_v1_dot_streams__pb2.PublishRequest.SerializeToString,
                 response_deserializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.FromString,
                 _registered_method=True)
+        self.ReadMessages = channel.unary_unary(
+                '/raftlog.v1.Streams/ReadMessages',
+                request_serializer=raftlog_dot_v1_dot_streams__pb2.ReadMessagesRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_streams__pb2.ReadMessagesResponse.FromString,
+                _registered_method=True)
+        self.GetStreamSources = channel.unary_unary(
+                '/raftlog.v1.Streams/GetStreamSources',
+                request_serializer=raftlog_dot_v1_dot_streams__pb2.GetStreamSourcesRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_streams__pb2.GetStreamSourcesResponse.FromString,
+                _registered_method=True)
+        self.ListScheduled = channel.unary_unary(
+                '/raftlog.v1.Streams/ListScheduled',
+                request_serializer=raftlog_dot_v1_dot_streams__pb2.ListScheduledRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_streams__pb2.ListScheduledResponse.FromString,
+                _registered_method=True)
+        self.CancelScheduled = channel.unary_unary(
+                '/raftlog.v1.Streams/CancelScheduled',
+                request_serializer=raftlog_dot_v1_dot_streams__pb2.CancelScheduledRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_streams__pb2.CancelScheduledResponse.FromString,
+                _registered_method=True)
 
 
 class StreamsServicer:
@@ -187,6 +207,37 @@ class StreamsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadMessages(self, request, context):
+        """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
+        one: a read without a consumer (the tails of stream sources use it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStreamSources(self, request, context):
+        """Every tail of every sourcing stream in the cluster (or of one stream), with its position,
+        totals and last error; each node reports the tails it runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListScheduled(self, request, context):
+        """Scheduled (delayed) messages of a stream that are not yet due, in schedule seq order
+        (docs/scheduled.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelScheduled(self, request, context):
+        """Withdraws one scheduled message before it is due; NOT_FOUND once it was delivered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +305,26 @@ def add_StreamsServicer_to_server(servicer, server):
                     servicer.PublishStream,
                     request_deserializer=raftlog_dot_v1_dot_streams__pb2.PublishRequest.FromString,
                     response_serializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.SerializeToString,
+            ),
+            'ReadMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadMessages,
+                    request_deserializer=raftlog_dot_v1_dot_streams__pb2.ReadMessagesRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_streams__pb2.ReadMessagesResponse.SerializeToString,
+            ),
+            'GetStreamSources': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStreamSources,
+                    request_deserializer=raftlog_dot_v1_dot_streams__pb2.GetStreamSourcesRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_streams__pb2.GetStreamSourcesResponse.SerializeToString,
+            ),
+            'ListScheduled': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListScheduled,
+                    request_deserializer=raftlog_dot_v1_dot_streams__pb2.ListScheduledRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_streams__pb2.ListScheduledResponse.SerializeToString,
+            ),
+            'CancelScheduled': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelScheduled,
+                    request_deserializer=raftlog_dot_v1_dot_streams__pb2.CancelScheduledRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_streams__pb2.CancelScheduledResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -607,6 +678,114 @@ class Streams:
             '/raftlog.v1.Streams/PublishStream',
             raftlog_dot_v1_dot_streams__pb2.PublishRequest.SerializeToString,
             raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Streams/ReadMessages',
+            raftlog_dot_v1_dot_streams__pb2.ReadMessagesRequest.SerializeToString,
+            raftlog_dot_v1_dot_streams__pb2.ReadMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStreamSources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Streams/GetStreamSources',
+            raftlog_dot_v1_dot_streams__pb2.GetStreamSourcesRequest.SerializeToString,
+            raftlog_dot_v1_dot_streams__pb2.GetStreamSourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListScheduled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Streams/ListScheduled',
+            raftlog_dot_v1_dot_streams__pb2.ListScheduledRequest.SerializeToString,
+            raftlog_dot_v1_dot_streams__pb2.ListScheduledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelScheduled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftlog.v1.Streams/CancelScheduled',
+            raftlog_dot_v1_dot_streams__pb2.CancelScheduledRequest.SerializeToString,
+            raftlog_dot_v1_dot_streams__pb2.CancelScheduledResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,20 @@ class StreamsStub:
     """Many messages to one stream; one result per message, in order."""
     PublishStream: _grpc.StreamUnaryMultiCallable[_streams_pb2.PublishRequest, _streams_pb2.PublishBatchResponse]
     """A client stream of messages (each naming its stream); one result per message, in order."""
+    ReadMessages: _grpc.UnaryUnaryMultiCallable[_streams_pb2.ReadMessagesRequest, _streams_pb2.ReadMessagesResponse]
+    """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
+    one: a read without a consumer (the tails of stream sources use it).
+    """
+    GetStreamSources: _grpc.UnaryUnaryMultiCallable[_streams_pb2.GetStreamSourcesRequest, _streams_pb2.GetStreamSourcesResponse]
+    """Every tail of every sourcing stream in the cluster (or of one stream), with its position,
+    totals and last error; each node reports the tails it runs.
+    """
+    ListScheduled: _grpc.UnaryUnaryMultiCallable[_streams_pb2.ListScheduledRequest, _streams_pb2.ListScheduledResponse]
+    """Scheduled (delayed) messages of a stream that are not yet due, in schedule seq order
+    (docs/scheduled.md).
+    """
+    CancelScheduled: _grpc.UnaryUnaryMultiCallable[_streams_pb2.CancelScheduledRequest, _streams_pb2.CancelScheduledResponse]
+    """Withdraws one scheduled message before it is due; NOT_FOUND once it was delivered."""
 
 @_typing.type_check_only
 class StreamsAsyncStub(StreamsStub):
@@ -70,6 +84,20 @@ class StreamsAsyncStub(StreamsStub):
     """Many messages to one stream; one result per message, in order."""
     PublishStream: _aio.StreamUnaryMultiCallable[_streams_pb2.PublishRequest, _streams_pb2.PublishBatchResponse]  # type: ignore[assignment]
     """A client stream of messages (each naming its stream); one result per message, in order."""
+    ReadMessages: _aio.UnaryUnaryMultiCallable[_streams_pb2.ReadMessagesRequest, _streams_pb2.ReadMessagesResponse]  # type: ignore[assignment]
+    """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
+    one: a read without a consumer (the tails of stream sources use it).
+    """
+    GetStreamSources: _aio.UnaryUnaryMultiCallable[_streams_pb2.GetStreamSourcesRequest, _streams_pb2.GetStreamSourcesResponse]  # type: ignore[assignment]
+    """Every tail of every sourcing stream in the cluster (or of one stream), with its position,
+    totals and last error; each node reports the tails it runs.
+    """
+    ListScheduled: _aio.UnaryUnaryMultiCallable[_streams_pb2.ListScheduledRequest, _streams_pb2.ListScheduledResponse]  # type: ignore[assignment]
+    """Scheduled (delayed) messages of a stream that are not yet due, in schedule seq order
+    (docs/scheduled.md).
+    """
+    CancelScheduled: _aio.UnaryUnaryMultiCallable[_streams_pb2.CancelScheduledRequest, _streams_pb2.CancelScheduledResponse]  # type: ignore[assignment]
+    """Withdraws one scheduled message before it is due; NOT_FOUND once it was delivered."""
 
 class StreamsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -166,5 +194,43 @@ class StreamsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_streams_pb2.PublishBatchResponse, _abc.Awaitable[_streams_pb2.PublishBatchResponse]]:
         """A client stream of messages (each naming its stream); one result per message, in order."""
+
+    @_abc_1.abstractmethod
+    def ReadMessages(
+        self,
+        request: _streams_pb2.ReadMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_streams_pb2.ReadMessagesResponse, _abc.Awaitable[_streams_pb2.ReadMessagesResponse]]:
+        """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
+        one: a read without a consumer (the tails of stream sources use it).
+        """
+
+    @_abc_1.abstractmethod
+    def GetStreamSources(
+        self,
+        request: _streams_pb2.GetStreamSourcesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_streams_pb2.GetStreamSourcesResponse, _abc.Awaitable[_streams_pb2.GetStreamSourcesResponse]]:
+        """Every tail of every sourcing stream in the cluster (or of one stream), with its position,
+        totals and last error; each node reports the tails it runs.
+        """
+
+    @_abc_1.abstractmethod
+    def ListScheduled(
+        self,
+        request: _streams_pb2.ListScheduledRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_streams_pb2.ListScheduledResponse, _abc.Awaitable[_streams_pb2.ListScheduledResponse]]:
+        """Scheduled (delayed) messages of a stream that are not yet due, in schedule seq order
+        (docs/scheduled.md).
+        """
+
+    @_abc_1.abstractmethod
+    def CancelScheduled(
+        self,
+        request: _streams_pb2.CancelScheduledRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_streams_pb2.CancelScheduledResponse, _abc.Awaitable[_streams_pb2.CancelScheduledResponse]]:
+        """Withdraws one scheduled message before it is due; NOT_FOUND once it was delivered."""
 
 def add_StreamsServicer_to_server(servicer: StreamsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -48,6 +48,52 @@ RETENTION_POLICY_INTEREST: RetentionPolicy.ValueType  # 2
 """Removed once every consumer of the stream has acknowledged it."""
 Global___RetentionPolicy: _TypeAlias = RetentionPolicy  # noqa: Y015
 
+class _DiscardPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DiscardPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DiscardPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DISCARD_OLD: _DiscardPolicy.ValueType  # 0
+    """The oldest messages are removed to make room (the default)."""
+    DISCARD_NEW: _DiscardPolicy.ValueType  # 1
+    """The new message is refused: RESOURCE_EXHAUSTED / STREAM_FULL with retry_after_ms; room
+    comes back as messages expire (max_age), are acknowledged (work queue, interest) or are
+    purged.
+    """
+
+class DiscardPolicy(_DiscardPolicy, metaclass=_DiscardPolicyEnumTypeWrapper):
+    """What happens when a stream at its max_msgs or max_bytes gets one more message."""
+
+DISCARD_OLD: DiscardPolicy.ValueType  # 0
+"""The oldest messages are removed to make room (the default)."""
+DISCARD_NEW: DiscardPolicy.ValueType  # 1
+"""The new message is refused: RESOURCE_EXHAUSTED / STREAM_FULL with retry_after_ms; room
+comes back as messages expire (max_age), are acknowledged (work queue, interest) or are
+purged.
+"""
+Global___DiscardPolicy: _TypeAlias = DiscardPolicy  # noqa: Y015
+
+class _SourceOnDrop:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SourceOnDropEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SourceOnDrop.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SOURCE_ON_DROP_HALT: _SourceOnDrop.ValueType  # 0
+    """Stop copying and report the gap in last_error until an operator steps in."""
+    SOURCE_ON_DROP_SKIP_TO_FIRST_AVAILABLE: _SourceOnDrop.ValueType  # 1
+    """Go on from the source's first stored message; the gap is reported for one round."""
+
+class SourceOnDrop(_SourceOnDrop, metaclass=_SourceOnDropEnumTypeWrapper):
+    """What a sourcing stream does when its source removed messages the tail had not copied yet."""
+
+SOURCE_ON_DROP_HALT: SourceOnDrop.ValueType  # 0
+"""Stop copying and report the gap in last_error until an operator steps in."""
+SOURCE_ON_DROP_SKIP_TO_FIRST_AVAILABLE: SourceOnDrop.ValueType  # 1
+"""Go on from the source's first stored message; the gap is reported for one round."""
+Global___SourceOnDrop: _TypeAlias = SourceOnDrop  # noqa: Y015
+
 @_typing.final
 class Header(_message.Message):
     """One message header. A key may repeat."""
@@ -87,6 +133,11 @@ class StreamConfig(_message.Message):
     DEDUPE_WINDOW_MS_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    MAX_MSGS_PER_S_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    DISCARD_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1-128 characters from [A-Za-z0-9_-]."""
     retention: Global___RetentionPolicy.ValueType
@@ -102,9 +153,25 @@ class StreamConfig(_message.Message):
     replicas: _builtins.int
     """Number of copies in a cluster; 0 = 3 (capped by the cluster size)."""
     description: _builtins.str
+    max_msgs_per_s: _builtins.int
+    """Publish quotas, enforced by the stream's primary with a token bucket holding one second
+    of the rate (docs/quotas.md); 0 = no quota. A publish past one is RESOURCE_EXHAUSTED /
+    RATE_LIMITED with `retry_after_ms` in the ErrorInfo metadata, and nothing of it is stored.
+    """
+    max_bytes_per_s: _builtins.int
+    discard: Global___DiscardPolicy.ValueType
+    """What a publish past max_msgs or max_bytes does (docs/quotas.md)."""
     @_builtins.property
     def subjects(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Subject patterns (NATS wildcards `*` and `>`) the stream accepts; empty = any subject."""
+
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamSource]:
+        """Other streams this one copies messages from (docs/sources.md); fixed at create."""
+
+    @_builtins.property
+    def partition(self) -> Global___TopicPartition:
+        """Set only on the stream of a topic's partition (docs/partitions.md); fixed at create."""
 
     def __init__(
         self,
@@ -120,14 +187,193 @@ class StreamConfig(_message.Message):
         dedupe_window_ms: _builtins.int = ...,
         replicas: _builtins.int = ...,
         description: _builtins.str = ...,
+        sources: _abc.Iterable[Global___StreamSource] | None = ...,
+        partition: Global___TopicPartition | None = ...,
+        max_msgs_per_s: _builtins.int = ...,
+        max_bytes_per_s: _builtins.int = ...,
+        discard: Global___DiscardPolicy.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_subject", b"max_msgs_per_subject", "name", b"name", "replicas", b"replicas", "retention", b"retention", "subjects", b"subjects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "name", b"name", "partition", b"partition", "replicas", b"replicas", "retention", b"retention", "sources", b"sources", "subjects", b"subjects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamConfig: _TypeAlias = StreamConfig  # noqa: Y015
+
+@_typing.final
+class TopicPartition(_message.Message):
+    """Which topic a partition stream belongs to. The stream's name is derived from `topic` and
+    `index` (base/topics.py); every partition of one topic carries the same `count`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    index: _builtins.int
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        index: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "index", b"index", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicPartition: _TypeAlias = TopicPartition  # noqa: Y015
+
+@_typing.final
+class SubjectTransform(_message.Message):
+    """A subject rewrite in NATS style: `pattern` (wildcards `*` and `>`) selects the subjects,
+    `destination` builds the new one; `{{wildcard(N)}}` in it stands for what the N-th
+    wildcard of the pattern matched (1-based).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_PATTERN_FIELD_NUMBER: _builtins.int
+    DESTINATION_FIELD_NUMBER: _builtins.int
+    source_pattern: _builtins.str
+    """Empty = the source's filter subject, or `>` without one."""
+    destination: _builtins.str
+    def __init__(
+        self,
+        *,
+        source_pattern: _builtins.str = ...,
+        destination: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "source_pattern", b"source_pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubjectTransform: _TypeAlias = SubjectTransform  # noqa: Y015
+
+@_typing.final
+class StreamSource(_message.Message):
+    """One stream a sourcing stream copies from. Each copied message carries the headers
+    Raftlog-Source-Stream and Raftlog-Source-Seq and the msg_id `src:<stream>:<seq>`; the tail
+    finds where it stopped from them (docs/sources.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    FILTER_SUBJECT_FIELD_NUMBER: _builtins.int
+    START_SEQ_FIELD_NUMBER: _builtins.int
+    START_TIME_MS_FIELD_NUMBER: _builtins.int
+    SUBJECT_TRANSFORM_FIELD_NUMBER: _builtins.int
+    MAX_INITIAL_BACKFILL_FIELD_NUMBER: _builtins.int
+    ON_DROP_FIELD_NUMBER: _builtins.int
+    DLQ_STREAM_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    filter_subject: _builtins.str
+    """Only source messages whose subject matches (wildcards allowed); empty = every message."""
+    start_seq: _builtins.int
+    """Where a tail with nothing copied yet starts (at most one of the two; neither = the
+    source's first message).
+    """
+    start_time_ms: _builtins.int
+    max_initial_backfill: _builtins.int
+    """With nothing copied yet, copy at most the source's newest N seqs; 0 = no bound."""
+    on_drop: Global___SourceOnDrop.ValueType
+    dlq_stream: _builtins.str
+    """A stream that gets one JSON record per tail error; empty = none."""
+    @_builtins.property
+    def subject_transform(self) -> Global___SubjectTransform: ...
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        filter_subject: _builtins.str = ...,
+        start_seq: _builtins.int = ...,
+        start_time_ms: _builtins.int = ...,
+        subject_transform: Global___SubjectTransform | None = ...,
+        max_initial_backfill: _builtins.int = ...,
+        on_drop: Global___SourceOnDrop.ValueType = ...,
+        dlq_stream: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subject_transform", b"subject_transform"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dlq_stream", b"dlq_stream", "filter_subject", b"filter_subject", "max_initial_backfill", b"max_initial_backfill", "on_drop", b"on_drop", "start_seq", b"start_seq", "start_time_ms", b"start_time_ms", "stream", b"stream", "subject_transform", b"subject_transform"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamSource: _TypeAlias = StreamSource  # noqa: Y015
+
+@_typing.final
+class SourceStatus(_message.Message):
+    """The state of one tail: a sourcing stream copying from one source."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCING_STREAM_FIELD_NUMBER: _builtins.int
+    SOURCE_STREAM_FIELD_NUMBER: _builtins.int
+    LAST_SOURCED_SEQ_FIELD_NUMBER: _builtins.int
+    PULLED_TOTAL_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_TS_MS_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    NEXT_SEQ_FIELD_NUMBER: _builtins.int
+    SOURCE_LAST_SEQ_FIELD_NUMBER: _builtins.int
+    APPENDED_TOTAL_FIELD_NUMBER: _builtins.int
+    ERRORS_TOTAL_FIELD_NUMBER: _builtins.int
+    HALTED_FIELD_NUMBER: _builtins.int
+    sourcing_stream: _builtins.str
+    source_stream: _builtins.str
+    last_sourced_seq: _builtins.int
+    """The source seq of the last message copied (0 = none yet)."""
+    pulled_total: _builtins.int
+    """Source messages this tail took since it started on its node (starts at 0 again after a
+    failover or restart).
+    """
+    last_error: _builtins.str
+    """The last error or warning; empty when the last round went well."""
+    last_error_ts_ms: _builtins.int
+    node: _builtins.str
+    """The node running the tail (the sourcing stream's primary; empty on a node alone)."""
+    next_seq: _builtins.int
+    """The next source seq the tail reads."""
+    source_last_seq: _builtins.int
+    """The source's last seq as of the tail's last read (0 before the first read)."""
+    appended_total: _builtins.int
+    """Messages appended to the sourcing stream since the tail started."""
+    errors_total: _builtins.int
+    """Errors recorded since the tail started (each also sent to the dead-letter stream)."""
+    halted: _builtins.bool
+    """True while the tail is stopped by on_drop = halt."""
+    def __init__(
+        self,
+        *,
+        sourcing_stream: _builtins.str = ...,
+        source_stream: _builtins.str = ...,
+        last_sourced_seq: _builtins.int = ...,
+        pulled_total: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        last_error_ts_ms: _builtins.int = ...,
+        node: _builtins.str = ...,
+        next_seq: _builtins.int = ...,
+        source_last_seq: _builtins.int = ...,
+        appended_total: _builtins.int = ...,
+        errors_total: _builtins.int = ...,
+        halted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended_total", b"appended_total", "errors_total", b"errors_total", "halted", b"halted", "last_error", b"last_error", "last_error_ts_ms", b"last_error_ts_ms", "last_sourced_seq", b"last_sourced_seq", "next_seq", b"next_seq", "node", b"node", "pulled_total", b"pulled_total", "source_last_seq", b"source_last_seq", "source_stream", b"source_stream", "sourcing_stream", b"sourcing_stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SourceStatus: _TypeAlias = SourceStatus  # noqa: Y015
 
 @_typing.final
 class StreamState(_message.Message):
@@ -182,21 +428,33 @@ class StreamInfo(_message.Message):
     CONFIG_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     created_ms: _builtins.int
+    owner: _builtins.str
+    """The user whose call created the stream ("" when authentication was off, or for streams the
+    cluster made itself); the stream counts against that user's max_bytes_stored.
+    """
     @_builtins.property
     def config(self) -> Global___StreamConfig: ...
     @_builtins.property
     def state(self) -> Global___StreamState: ...
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___SourceStatus]:
+        """The tails of the stream's sources, as its primary runs them (empty without sources)."""
+
     def __init__(
         self,
         *,
         config: Global___StreamConfig | None = ...,
         state: Global___StreamState | None = ...,
         created_ms: _builtins.int = ...,
+        sources: _abc.Iterable[Global___SourceStatus] | None = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "owner", b"owner", "sources", b"sources", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

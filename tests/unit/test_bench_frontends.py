@@ -1,0 +1,43 @@
+"""The pure helpers of scripts/bench_frontends.py: the p99 index and the front-end ratios."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def bf() -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_frontends
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return bench_frontends
+
+
+def test_nearest_rank_picks_the_sample_at_the_quantile(bf: ModuleType) -> None:
+    assert [bf.nearest_rank(n, 0.99) for n in (1, 2, 20, 100, 101)] == [0, 1, 19, 98, 99]
+    assert bf.nearest_rank(4, 0.5) == 1
+
+
+def test_summary_p99_is_never_below_p50(bf: ModuleType) -> None:
+    row = bf.summary([0.001, 0.003], messages=200, elapsed_s=0.004)
+    assert (row["msgs_per_s"], row["p50_ms"], row["p99_ms"]) == (50_000.0, 2.0, 3.0)
+
+
+def test_ratios_divide_by_the_named_baseline_phase_by_phase(bf: ModuleType) -> None:
+    rows = {"v1 topic": {"produce unary": {"msgs_per_s": 200.0},
+                         "consume batch": {"msgs_per_s": 0.0}},
+            "Kafka-Pixy": {"produce unary": {"msgs_per_s": 150.0},
+                           "consume unary": {"msgs_per_s": 10.0}},
+            "RocketMQ v2": {"consume batch": {"msgs_per_s": 30.0}}}
+    got = bf.ratios(rows)
+    assert got["Kafka-Pixy"] == {"produce unary": 0.75}  # no baseline for consume unary
+    assert got["RocketMQ v2"] == {}  # a zero baseline gives no ratio
+    assert got["Waymaker"] == {} and got["Numaflow"] == {}
