@@ -24,6 +24,7 @@ request_bytes_max = 16 * 1024 * 1024  # gRPC receive limit of a node
 batch_messages_max = 10_000  # entries of one PublishBatch
 stream_publish_inflight_max = 1_000  # PublishStream entries awaiting durability per call
 stream_publish_chunk_max = 256  # PublishStream entries of one stream staged together
+publish_frames_inflight_max = 16  # PublishFrames frames of one call read and not yet answered
 fetch_batch_max = 10_000
 fetch_wait_ms_max = 60_000
 fetch_bytes_max = 8 * 1024 * 1024  # payload bytes in one FetchResponse

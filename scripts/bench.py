@@ -6,7 +6,8 @@ measures with a grpc.aio client (128-byte messages):
 
     unary publish, 1 and 8 callers        msgs/s, per-call p50/p99 ms
     batch publish, 100 and 1000 per call  msgs/s, several calls in flight
-    client-streaming publish              msgs/s
+    client-streaming publish              msgs/s (one message per stream item)
+    frame streaming (PublishFrames)       msgs/s, frames of 100, 16 unanswered, per-frame p50
     fetch + ack, batch 100 and 1000       msgs/s, one Ack call per fetch (pipelined)
 
 then stops the node (by its pid) and runs `../shared/peers/jetstream/run --replicas R --phases
@@ -44,7 +45,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_failover  # scripts/ is sys.path[0]
+import bench_breakdown  # scripts/ is sys.path[0]
+import bench_failover
 import bench_profile
 import bench_report
 import grpc
@@ -83,6 +85,9 @@ class Plan:
     batch_inflight: int = 4
     stream_per_call: int = 10_000
     stream_inflight: int = 2
+    breakdown_calls: int = 1000  # sequential calls per step of the unary breakdown
+    frame_messages: int = 100  # per PublishFrames frame
+    frames_window: int = 16  # frames a PublishFrames call keeps unanswered
 
 
 FULL = Plan(
@@ -103,6 +108,7 @@ QUICK = Plan(
     fetch_msgs=30_000,
     phase_time_s=5.0,
     stream_per_call=5_000,
+    breakdown_calls=100,
 )
 
 
@@ -278,6 +284,11 @@ async def run_raftlog(node: BenchNode | BenchCluster, plan: Plan, *, replicas: i
             _log(f"stream {stream_name} (R{replicas}) has its primary on {address}")
     results = await _run_phases(node, plan, address)
     results["primary"] = address
+    results["unary_breakdown"] = await bench_breakdown.unary_breakdown(
+        address, stream=stream_name, replicas=replicas,
+        replicated_p50_ms=results["unary_publish"]["callers_1"]["p50_ms"],
+        calls=plan.breakdown_calls, payload=os.urandom(payload_bytes))
+    _log(bench_breakdown.table_line(results["unary_breakdown"]))
     return results
 
 
@@ -298,6 +309,14 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
         unary = functools.partial(loadgen.publish_unary, client, **common)
         batch = functools.partial(
             loadgen.publish_batch, client, **common, inflight=plan.batch_inflight
+        )
+        frames = functools.partial(
+            loadgen.publish_frames,
+            client,
+            **common,
+            count=plan.stream_msgs,
+            per_frame=plan.frame_messages,
+            window=plan.frames_window,
         )
         stream = functools.partial(
             loadgen.publish_stream,
@@ -333,12 +352,16 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
                 ),
             },
             "stream_publish": await _measure("client streaming", node, stream),
+            "frames_publish": await _measure("frame streaming", node, frames),
             "fetch_ack": {},
         }
         for key in ("batch_100", "batch_1000"):
             results["batch_publish"][key]["calls_in_flight"] = plan.batch_inflight
         results["stream_publish"].update(
             per_call=plan.stream_per_call, calls_in_flight=plan.stream_inflight
+        )
+        results["frames_publish"].update(
+            per_frame=plan.frame_messages, frames_in_flight=plan.frames_window
         )
         for fetch_batch in (100, 1000):
             consumer = f"fetch{fetch_batch}"
@@ -458,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         "jetstream": js,
         "jetstream_error": None if peer is None else peer.get("error"),
         "ratios": bench_report.ratios(raftlog, js),
+        "targets": bench_report.absolute(raftlog),
         "failover": None if failover is None else bench_failover.with_peer(failover, peer),
     }
     print(bench_report.table(document), file=sys.stderr)

@@ -84,6 +84,13 @@ class StreamsService(streams_pb2_grpc.StreamsServicer):
                             context: Context) -> streams_pb2.PublishBatchResponse:
         return await self._ops.publish_stream(request_iterator, Call.from_grpc(context))
 
+    @rpc.server_stream
+    async def PublishFrames(
+            self, request_iterator: AsyncIterator[streams_pb2.PublishBatchRequest],
+            context: Context) -> AsyncIterator[streams_pb2.PublishBatchResponse]:
+        async for answer in self._ops.publish_frames(request_iterator, Call.from_grpc(context)):
+            yield answer
+
     @rpc.unary
     async def ReadMessages(self, request: streams_pb2.ReadMessagesRequest,
                            context: Context) -> streams_pb2.ReadMessagesResponse:

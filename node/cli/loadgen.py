@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +205,51 @@ async def publish_stream(
                 quota.fail(_batch_failures(response))
 
     return await _run_workers(inflight, sender, result)
+
+
+async def publish_frames(
+    client: Client,
+    *,
+    stream: str,
+    subject: str,
+    payload: bytes,
+    count: int,
+    per_frame: int,
+    window: int,
+    time_limit_s: float,
+) -> LoadResult:
+    """One PublishFrames call: frames of `per_frame` messages, at most `window` unanswered.
+    Latencies are per frame, from its send to its answer; `calls` counts frames."""
+    result = LoadResult()
+    quota = _Quota(count=count, time_limit_s=time_limit_s, result=result)
+    entry = streams_pb2.PublishEntry(subject=subject, payload=payload)
+    room = asyncio.Semaphore(window)
+    sent_at: deque[float] = deque()
+
+    async def frames() -> AsyncIterator[streams_pb2.PublishBatchRequest]:
+        while True:
+            await room.acquire()
+            size = quota.claim(per_frame)
+            if not size:
+                return
+            sent_at.append(time.perf_counter())
+            yield streams_pb2.PublishBatchRequest(stream=stream, entries=[entry] * size)
+
+    started = time.perf_counter()
+    call = client.streams.PublishFrames(frames(),
+                                        timeout=client.deadline_s(extra_s=time_limit_s))
+    try:
+        async for answer in call:
+            result.latencies_ms.append((time.perf_counter() - sent_at.popleft()) * 1000)
+            result.calls += 1
+            result.msgs += answer.acked
+            if answer.failed:
+                quota.fail(_batch_failures(answer))
+            room.release()
+    except grpc.RpcError as exc:
+        quota.fail(describe_failure(exc, address=client.address))
+    result.elapsed_s = time.perf_counter() - started
+    return result
 
 
 async def fetch_ack(

@@ -23,6 +23,7 @@ from raftlog.node.ops.publish import (
     check_batch,
     split_stream,
 )
+from raftlog.node.ops.publish_frames import FramePipeline
 from raftlog.node.ops.quotas import (
     QuotaBook,
     Rates,
@@ -327,6 +328,13 @@ class StreamOps:
                                      quotas=self.quotas).run(requests)
         return await split_stream(self._engine, self._where, requests, via,
                                   quotas=self.quotas)
+
+    def publish_frames(self, frames: AsyncIterator[streams_pb2.PublishBatchRequest], via: Call
+                       ) -> AsyncIterator[streams_pb2.PublishBatchResponse]:
+        """Each frame published as a PublishBatch, pipelined; the answers in frame order
+        (publish_frames.py)."""
+        return FramePipeline(lambda frame: self.publish_batch(frame, via),
+                             self._where.primary).run(frames)
 
 
 async def _permitted(requests: AsyncIterator[streams_pb2.PublishRequest], quotas: QuotaBook

@@ -43,6 +43,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # The canonical operation a method name stands for, on every front-end that has it.
 OPERATIONS = {
     "Publish": "publish", "PublishBatch": "publish", "PublishStream": "publish",
+    "PublishFrames": "publish",
     "PublishToTopic": "publish", "Produce": "publish", "SendMessage": "publish",
     "Fetch": "fetch", "ConsumeNAck": "fetch", "ReceiveMessage": "fetch", "PullMessage": "fetch",
     "Ack": "ack", "AckMessage": "ack",

@@ -14,7 +14,6 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Coroutine,
     Iterator,
 )
 from contextlib import asynccontextmanager
@@ -36,6 +35,7 @@ from raftlog.node.ops.operations import local_consumers
 from raftlog.node.transport import rpc
 from raftlog.node.transport.rpc import grpc_status
 from raftlog.v1 import consumers_pb2, consumers_pb2_grpc, types_pb2
+from tests.async_tests import run_async
 
 P = consumers_pb2.DeliverPolicy
 LIMITS = types_pb2.RETENTION_POLICY_LIMITS
@@ -43,14 +43,6 @@ WORK_QUEUE = types_pb2.RETENTION_POLICY_WORK_QUEUE
 INTEREST = types_pb2.RETENTION_POLICY_INTEREST
 STREAM = "orders"
 ACK_WAIT_S = limits.ack_wait_ms_default / 1000
-
-
-def run_async(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), timeout=10))
-
-    return wrapper
 
 
 @dataclass

@@ -415,7 +415,7 @@ def test_bench_quick_prints_one_json_document() -> None:
     figures = [
         raftlog["unary_publish"]["callers_1"], raftlog["unary_publish"]["callers_8"],
         raftlog["batch_publish"]["batch_100"], raftlog["batch_publish"]["batch_1000"],
-        raftlog["stream_publish"], raftlog["fetch_ack"]["batch_100"],
+        raftlog["stream_publish"], raftlog["frames_publish"], raftlog["fetch_ack"]["batch_100"],
         raftlog["fetch_ack"]["batch_1000"],
     ]
     for figure in figures:
@@ -426,3 +426,7 @@ def test_bench_quick_prints_one_json_document() -> None:
                                        "fetch_ack_100_vs_pull_consume",
                                        "unary_p50_vs_sync_publish_p50"}
     assert "raftlog single node" in completed.stderr
+    steps = raftlog["unary_breakdown"]
+    assert steps["health_p50_ms"] > 0 and steps["publish_r1_p50_ms"] > 0
+    assert document["targets"]["unary_p50_ms"]["raftlog"] == raftlog["unary_publish"][
+        "callers_1"]["p50_ms"]

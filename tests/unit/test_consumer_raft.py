@@ -8,9 +8,8 @@ In-memory twins throughout (MemoryRaftGroup, MemoryStreamLog, FakeClock); async 
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,19 +34,12 @@ from raftlog.raft.api import ensure_ok
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.raft.state_model import ConsumerAssignment
 from raftlog.v1 import consumers_pb2, types_pb2
+from tests.async_tests import run_async
 
 STREAM = "orders"
 NODE = "n1"
 LIMITS = types_pb2.RETENTION_POLICY_LIMITS
 ACK_WAIT_S = limits.ack_wait_ms_default / 1000
-
-
-def run_async(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), timeout=10))
-
-    return wrapper
 
 
 class RecordingGroup(MemoryRaftGroup):

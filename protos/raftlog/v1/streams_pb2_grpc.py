@@ -100,6 +100,11 @@ class StreamsStub:
                 request_serializer=raftlog_dot_v1_dot_streams__pb2.PublishRequest.SerializeToString,
                 response_deserializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.FromString,
                 _registered_method=True)
+        self.PublishFrames = channel.stream_stream(
+                '/raftlog.v1.Streams/PublishFrames',
+                request_serializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchRequest.SerializeToString,
+                response_deserializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.FromString,
+                _registered_method=True)
         self.ReadMessages = channel.unary_unary(
                 '/raftlog.v1.Streams/ReadMessages',
                 request_serializer=raftlog_dot_v1_dot_streams__pb2.ReadMessagesRequest.SerializeToString,
@@ -207,6 +212,16 @@ class StreamsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishFrames(self, request_iterator, context):
+        """Frames of messages over one call: each frame is a batch for one stream, answered by one
+        PublishBatchResponse, in the order the frames were sent, once its messages are durable (or
+        with an error for each message). Frames are pipelined: later ones are read and stored while
+        earlier ones wait for their majority; frames of one stream keep their order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadMessages(self, request, context):
         """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
         one: a read without a consumer (the tails of stream sources use it).
@@ -304,6 +319,11 @@ def add_StreamsServicer_to_server(servicer, server):
             'PublishStream': grpc.stream_unary_rpc_method_handler(
                     servicer.PublishStream,
                     request_deserializer=raftlog_dot_v1_dot_streams__pb2.PublishRequest.FromString,
+                    response_serializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.SerializeToString,
+            ),
+            'PublishFrames': grpc.stream_stream_rpc_method_handler(
+                    servicer.PublishFrames,
+                    request_deserializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchRequest.FromString,
                     response_serializer=raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.SerializeToString,
             ),
             'ReadMessages': grpc.unary_unary_rpc_method_handler(
@@ -677,6 +697,33 @@ class Streams:
             target,
             '/raftlog.v1.Streams/PublishStream',
             raftlog_dot_v1_dot_streams__pb2.PublishRequest.SerializeToString,
+            raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishFrames(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftlog.v1.Streams/PublishFrames',
+            raftlog_dot_v1_dot_streams__pb2.PublishBatchRequest.SerializeToString,
             raftlog_dot_v1_dot_streams__pb2.PublishBatchResponse.FromString,
             options,
             channel_credentials,

@@ -49,6 +49,12 @@ class StreamsStub:
     """Many messages to one stream; one result per message, in order."""
     PublishStream: _grpc.StreamUnaryMultiCallable[_streams_pb2.PublishRequest, _streams_pb2.PublishBatchResponse]
     """A client stream of messages (each naming its stream); one result per message, in order."""
+    PublishFrames: _grpc.StreamStreamMultiCallable[_streams_pb2.PublishBatchRequest, _streams_pb2.PublishBatchResponse]
+    """Frames of messages over one call: each frame is a batch for one stream, answered by one
+    PublishBatchResponse, in the order the frames were sent, once its messages are durable (or
+    with an error for each message). Frames are pipelined: later ones are read and stored while
+    earlier ones wait for their majority; frames of one stream keep their order.
+    """
     ReadMessages: _grpc.UnaryUnaryMultiCallable[_streams_pb2.ReadMessagesRequest, _streams_pb2.ReadMessagesResponse]
     """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
     one: a read without a consumer (the tails of stream sources use it).
@@ -84,6 +90,12 @@ class StreamsAsyncStub(StreamsStub):
     """Many messages to one stream; one result per message, in order."""
     PublishStream: _aio.StreamUnaryMultiCallable[_streams_pb2.PublishRequest, _streams_pb2.PublishBatchResponse]  # type: ignore[assignment]
     """A client stream of messages (each naming its stream); one result per message, in order."""
+    PublishFrames: _aio.StreamStreamMultiCallable[_streams_pb2.PublishBatchRequest, _streams_pb2.PublishBatchResponse]  # type: ignore[assignment]
+    """Frames of messages over one call: each frame is a batch for one stream, answered by one
+    PublishBatchResponse, in the order the frames were sent, once its messages are durable (or
+    with an error for each message). Frames are pipelined: later ones are read and stored while
+    earlier ones wait for their majority; frames of one stream keep their order.
+    """
     ReadMessages: _aio.UnaryUnaryMultiCallable[_streams_pb2.ReadMessagesRequest, _streams_pb2.ReadMessagesResponse]  # type: ignore[assignment]
     """Messages from a seq on, optionally filtered, waiting up to max_wait_ms for the first
     one: a read without a consumer (the tails of stream sources use it).
@@ -194,6 +206,18 @@ class StreamsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_streams_pb2.PublishBatchResponse, _abc.Awaitable[_streams_pb2.PublishBatchResponse]]:
         """A client stream of messages (each naming its stream); one result per message, in order."""
+
+    @_abc_1.abstractmethod
+    def PublishFrames(
+        self,
+        request_iterator: _MaybeAsyncIterator[_streams_pb2.PublishBatchRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_streams_pb2.PublishBatchResponse], _abc.AsyncIterator[_streams_pb2.PublishBatchResponse]]:
+        """Frames of messages over one call: each frame is a batch for one stream, answered by one
+        PublishBatchResponse, in the order the frames were sent, once its messages are durable (or
+        with an error for each message). Frames are pipelined: later ones are read and stored while
+        earlier ones wait for their majority; frames of one stream keep their order.
+        """
 
     @_abc_1.abstractmethod
     def ReadMessages(
