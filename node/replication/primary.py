@@ -147,7 +147,7 @@ class PeerLink:
             for _ in range(min(len(self.waiting), limits.replication_wakes_per_tick_max)):
                 replicator = self.waiting.pop()
                 if not replicator.stopped:
-                    replicator.kick()
+                    replicator.send_new()
 
     def _on_answer(self, ack: replication_pb2.ReplicateAck) -> None:
         if ack.request_id:
@@ -237,10 +237,27 @@ class StreamReplicator:
         self._clock = clock
         self.stopped = False
         self.started_s = clock.monotonic_s()
+        self._kick_due = False
 
     # --- Replicator protocol (called by Stream)
 
     def kick(self) -> None:
+        """Sends what is new to the replicas at the next turn of the event loop, so that the
+        publishes staged in one turn go out as one request per replica. Their commit waits at
+        least for this node's own fsync, which takes longer than the turn."""
+        if self._kick_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.send_new()
+            return
+        self._kick_due = True
+        loop.call_soon(self.send_new)
+
+    def send_new(self) -> None:
+        """Sends what is new to each replica now (as far as its pipeline allows)."""
+        self._kick_due = False
         for progress in self.progress.values():
             self._maybe_send(progress)
 
@@ -482,7 +499,7 @@ class LinkSet:
             for replicator in due:
                 del self.later[replicator]
                 if not replicator.stopped:
-                    replicator.kick()
+                    replicator.send_new()
 
     def forget(self, replicator: StreamReplicator) -> None:
         for link in self._links.values():
@@ -542,7 +559,7 @@ class ReplicationManager:
                                       clock=self._clock)
         self.links.replicators[stream.name] = replicator
         stream.replicator = replicator
-        replicator.kick()
+        replicator.send_new()
 
     def release(self, name: str) -> None:
         replicator = self.links.replicators.pop(name, None)
