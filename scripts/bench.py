@@ -21,6 +21,8 @@ The peer run, the ratios and the table live in scripts/bench_report.py.
     scripts/bench --quick         small counts (about 30 s without the peer)
     scripts/bench --no-peer       skip JetStream
     scripts/bench --replicas 3 --failover   R3 and the failover trials (issue 4), ~10 minutes
+    scripts/bench --replicas 3 --repeat 3   each raftlog phase on 3 fresh clusters: medians,
+                                  and the spread (max - min) / median of every figure
     scripts/bench --replicas 3 --no-peer --profile 'fetch+ack, batch 100'
                                   py-spy flame graphs of each node for that phase
                                   (scripts/bench_profile.py; into ./bench-profiles)
@@ -69,6 +71,7 @@ settle_s = 0.5  # pause after os.sync() before each timed phase, as the JetStrea
 node_start_timeout_s = 30.0
 node_stop_timeout_s = 15.0
 consumer_max_ack_pending = 50_000  # room for the pipelined acks of a fetch loop
+repeat_max = 10  # --repeat: runs of the raftlog phases, each on a fresh node or cluster
 
 
 @dataclass(frozen=True)
@@ -397,6 +400,31 @@ def _log(text: str) -> None:
     print(f"[bench] {text}", file=sys.stderr, flush=True)
 
 
+def _run_once(replicas: int, plan: Plan,
+              profiler: bench_profile.PhaseProfiler | None) -> dict[str, Any] | None:
+    """The raftlog phases on a fresh node or cluster, stopped at the end; None when a call
+    failed (said on stderr with the node's log)."""
+    with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as workdir:
+        node: BenchNode | BenchCluster
+        if replicas == 1:
+            node = BenchNode(Path(workdir))
+            _log(f"starting a node on {node.address} (data in {workdir})")
+        else:
+            node = BenchCluster(Path(workdir), nodes=replicas)
+            _log(f"starting a {replicas}-node cluster from {node.address} (data in {workdir})")
+        node.profiler = profiler
+        node.start()
+        try:
+            return asyncio.run(run_raftlog(node, plan, replicas=replicas))
+        except grpc.RpcError as exc:
+            _log(describe_failure(exc, address=node.address))
+            _log(f"node log:\n{node.log_tail()}")
+            return None
+        finally:
+            status = node.stop()
+            _log(f"node stopped (exit status {status})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/bench",
@@ -411,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="stream replicas: 1 = one node; 3 or 5 = a local cluster of that many nodes",
     )
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the raftlog phases N times, each on a fresh node or cluster; "
+                             "figures are the medians, with each one's spread")
     parser.add_argument("--failover", action="store_true",
                         help="also kill -9 the primary of an R3 stream under a publisher, "
                         "10 trials (3 with --quick; issue 4)")
@@ -428,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replicas not in (1, 3, 5):
         parser.error("--replicas: 1, 3 or 5")
+    if not 1 <= args.repeat <= repeat_max:
+        parser.error(f"--repeat: 1 to {repeat_max}")
     profiler = None
     if args.profile:
         profiler = bench_profile.PhaseProfiler(
@@ -435,26 +468,15 @@ def main(argv: list[str] | None = None) -> int:
             output_format=args.profile_format, executable=bench_profile.py_spy())
     plan = QUICK if args.quick else FULL
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as workdir:
-        node: BenchNode | BenchCluster
-        if args.replicas == 1:
-            node = BenchNode(Path(workdir))
-            _log(f"starting a node on {node.address} (data in {workdir})")
-        else:
-            node = BenchCluster(Path(workdir), nodes=args.replicas)
-            _log(f"starting a {args.replicas}-node cluster from {node.address} "
-                 f"(data in {workdir})")
-        node.profiler = profiler
-        node.start()
-        try:
-            raftlog = asyncio.run(run_raftlog(node, plan, replicas=args.replicas))
-        except grpc.RpcError as exc:
-            _log(describe_failure(exc, address=node.address))
-            _log(f"node log:\n{node.log_tail()}")
+    runs = []
+    for attempt in range(args.repeat):
+        if args.repeat > 1:
+            _log(f"run {attempt + 1} of {args.repeat}")
+        run = _run_once(args.replicas, plan, profiler if attempt == 0 else None)
+        if run is None:
             return 1
-        finally:
-            status = node.stop()
-            _log(f"node stopped (exit status {status})")
+        runs.append(run)
+    raftlog, spread = bench_report.merge_runs(runs)
     fo_plan = bench_failover.QUICK if args.quick else bench_failover.FULL
     failover = (bench_failover.run_trials(fo_plan, seed=wl.seed_from_env(),
                                           quick=args.quick) if args.failover else None)
@@ -476,8 +498,11 @@ def main(argv: list[str] | None = None) -> int:
             "host": bench_report.host(),
             "duration_s": round(time.monotonic() - started, 1),
             "profiles": [] if profiler is None else [str(path) for path in profiler.written],
+            "repeat": args.repeat,
         },
         "raftlog": raftlog,
+        "spread": spread,
+        "runs": runs if args.repeat > 1 else None,
         "jetstream": js,
         "jetstream_error": None if peer is None else peer.get("error"),
         "ratios": bench_report.ratios(raftlog, js),

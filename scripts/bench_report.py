@@ -1,13 +1,16 @@
 """What scripts/bench reports besides its own figures: the JetStream peer run (`run_peer`, its
 medians: `peer_figures`), the ratios raftlog/JetStream against their targets (`COMPARISONS`,
-`ratios`), the table printed to stderr (`table`), and the facts and failures the JSON document
-carries (`host`, `phase_errors`). Imported by scripts/bench.py (scripts/ is sys.path[0]).
+`ratios`), the medians and spreads of repeated runs (`SPREAD_FIGURES`, `merge_runs`), the table
+printed to stderr (`table`), and the facts and failures the JSON document carries (`host`,
+`phase_errors`). Imported by scripts/bench.py (scripts/ is sys.path[0]).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +76,57 @@ COMPARISONS: tuple[tuple[str, tuple[str, ...], str, str | None, float | None], .
     ("unary_1_msgs_per_s_vs_sync_publish", ("unary_publish", "callers_1", "msgs_per_s"),
      "sync_publish_msgs_per_s", None, None),
 )
+# The figures whose spread between repeated runs (`--repeat N`) is reported: (name, path).
+SPREAD_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("unary_1_msgs_per_s", ("unary_publish", "callers_1", "msgs_per_s")),
+    ("unary_1_p50_ms", ("unary_publish", "callers_1", "p50_ms")),
+    ("unary_8_msgs_per_s", ("unary_publish", "callers_8", "msgs_per_s")),
+    ("batch_100_msgs_per_s", ("batch_publish", "batch_100", "msgs_per_s")),
+    ("batch_1000_msgs_per_s", ("batch_publish", "batch_1000", "msgs_per_s")),
+    ("stream_msgs_per_s", ("stream_publish", "msgs_per_s")),
+    ("frames_msgs_per_s", ("frames_publish", "msgs_per_s")),
+    ("fetch_ack_100_msgs_per_s", ("fetch_ack", "batch_100", "msgs_per_s")),
+    ("fetch_ack_1000_msgs_per_s", ("fetch_ack", "batch_1000", "msgs_per_s")),
+)
+spread_target = 0.20  # (max - min) / median of one figure over repeated runs (issue 17)
 # Targets on raftlog's own figures (issue 17): (name, figure path, op, value).
 ABSOLUTE_TARGETS: tuple[tuple[str, tuple[str, ...], str, float], ...] = (
     ("unary_p50_ms", ("unary_publish", "callers_1", "p50_ms"), "<=", 1.3),
 )
+
+
+def _figure(figures: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = figures
+    for key in path:
+        value = value.get(key, {}) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def merge_runs(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The figures of repeated runs of `run_raftlog` as one: the first run's document with each
+    of SPREAD_FIGURES (and every phase's p99) replaced by its median over the runs, and the
+    spread of each, {name: {values, median, spread, met}} where spread = (max - min) / median.
+    One run gives a spread of None."""
+    merged = copy.deepcopy(runs[0])
+    paths = [path for _, path in SPREAD_FIGURES]
+    paths += [(*path[:-1], "p99_ms") for path in paths if path[-1] == "p50_ms"]
+    for path in paths:
+        values = [v for v in (_figure(run, path) for run in runs) if v is not None]
+        if not values:
+            continue
+        target: Any = merged
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = statistics.median(values)
+    spreads: dict[str, Any] = {}
+    for name, path in SPREAD_FIGURES:
+        values = [v for v in (_figure(run, path) for run in runs) if v is not None]
+        median = statistics.median(values) if values else None
+        spread = (None if len(values) < 2 or not median
+                  else round((max(values) - min(values)) / median, 3))
+        spreads[name] = {"values": values, "median": median, "spread": spread,
+                         "met": None if spread is None else spread < spread_target}
+    return merged, spreads
 
 
 def absolute(raftlog: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +192,17 @@ def table(document: dict[str, Any]) -> str:
     for name, item in document.get("targets", {}).items():
         met = {True: "met", False: "NOT met", None: "-"}[item["met"]]
         parts.append(f"{name}: {item['raftlog']} (target {item['target']}: {met})")
+    spreads = document.get("spread") or {}
+    if any(item["spread"] is not None for item in spreads.values()):
+        parts.append(f"spread over {document['meta']['repeat']} runs, (max - min) / median "
+                     f"(target < {spread_target:.0%}); figures above are medians")
+        parts.append(fmt.render_table(
+            ("figure", "runs", "median", "spread", "met"),
+            [(name, " ".join(_number(v) for v in item["values"]), _number(item["median"]),
+              "-" if item["spread"] is None else f"{item['spread']:.0%}",
+              {True: "yes", False: "NO", None: "-"}[item["met"]])
+             for name, item in spreads.items()],
+            right_align=(2, 3)))
     if document["jetstream"] is not None:
         comparison_rows = [
             (

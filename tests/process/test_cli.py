@@ -430,3 +430,6 @@ def test_bench_quick_prints_one_json_document() -> None:
     assert steps["health_p50_ms"] > 0 and steps["publish_r1_p50_ms"] > 0
     assert document["targets"]["unary_p50_ms"]["raftlog"] == raftlog["unary_publish"][
         "callers_1"]["p50_ms"]
+    assert document["meta"]["repeat"] == 1 and document["runs"] is None
+    assert document["spread"]["fetch_ack_100_msgs_per_s"]["median"] == raftlog["fetch_ack"][
+        "batch_100"]["msgs_per_s"]

