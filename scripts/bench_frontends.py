@@ -16,6 +16,12 @@ raftlog.v1 figure of the same pattern measured in the same run.
     RocketMQ v2         SendMessage (1 message; 32 for the batch form), ReceiveMessage +
                         AckMessage per queue; a 3-partition topic through node 1; divided by
                         "v1 topic"
+    RocketMQ v1         the seed's apache.rocketmq.v1: SendMessage (1 message, any queue:
+                        the message id picks the partition, forwarded to its primary),
+                        ReceiveMessage of any queue (partition id -1) + one AckMessage per
+                        message; a 3-partition topic through node 1; produce unary only (its
+                        batch consume gets N more through untimed sends); divided by
+                        "v1 topic"
     Numaflow            `raftlog numaflow-source` (a sidecar started here, on a Unix socket,
                         talking to the stream's primary first), driven with pynumaflow's own
                         SourceStub as numa drives it: ReadFn (read n) + AckFn (their offsets)

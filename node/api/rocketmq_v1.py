@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import itertools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,7 +34,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from raftlog.base import limits, topics
+from raftlog.base import limits
 from raftlog.base.clock import Clock
 from raftlog.base.errors import ERROR_DOMAIN, RaftlogError, Reason
 from raftlog.compat import rocketmq_v1_definition_pb2 as rmq
@@ -44,6 +43,7 @@ from raftlog.compat import rocketmq_v1_service_pb2_grpc as svc_grpc
 from raftlog.node.ops import rocketmq, rocketmq_dlq, rocketmq_time, schedule_layout
 from raftlog.node.ops import transactions_layout as txn_layout
 from raftlog.node.ops.operations import Operations
+from raftlog.node.ops.partitions import partition_for
 from raftlog.node.ops.rocketmq import Receipt, RocketGroups
 from raftlog.node.ops.rocketmq_orphans import Orphan, OrphanQuestions
 from raftlog.node.ops.rocketmq_receive import ANY_QUEUE, Receive, Receiver, header
@@ -159,7 +159,6 @@ class RocketMQv1Service(svc_grpc.MessagingServiceServicer):
         self._own_address = own_address
         self._receiver = Receiver(ops.topics, ops.consumers,
                                   groups=RocketGroups(ops.topics, ops.consumers), clock=clock)
-        self._turn = itertools.count()
         self._clients: dict[str, svc.HeartbeatRequest] = {}  # client_id -> last heartbeat
         self._attempts: dict[str, int] = {}  # group -> max_delivery_attempts it reported
         self._leaving: dict[str, asyncio.Event] = {}  # client_id -> set when it terminates
@@ -284,10 +283,9 @@ class RocketMQv1Service(svc_grpc.MessagingServiceServicer):
         count = await self._ops.topics.partitions(topic, via)
         if request.HasField("partition") and request.partition.id >= 0:
             partition = request.partition.id
-        elif attrs.message_group:
-            partition = topics.hash_partition(attrs.message_group.encode(), count)
-        else:
-            partition = next(self._turn) % count
+        else:  # FIFO: by its message group; else by its id, so a retry is stored once
+            partition = partition_for(key=attrs.message_group.encode() or None,
+                                      msg_id=attrs.message_id, partitions=count)
         if attrs.message_type == rmq.TRANSACTION:
             prepared = await self._ops.transactions.prepare(transactions_pb2.PrepareRequest(
                 topic=topic, partition=partition, payload=message.body,

@@ -25,7 +25,6 @@ import asyncio
 import functools
 import hashlib
 import ipaddress
-import itertools
 import json
 import logging
 import time
@@ -43,6 +42,7 @@ from raftlog.node.api.rocketmq_v2_pull import PullCalls, Refused, poll_ms, wante
 from raftlog.node.api.rocketmq_v2_telemetry import TelemetryCalls
 from raftlog.node.ops import rocketmq, rocketmq_dlq, rocketmq_offsets
 from raftlog.node.ops.operations import Operations
+from raftlog.node.ops.partitions import partition_for
 from raftlog.node.ops.rocketmq import Receipt, RocketGroups
 from raftlog.node.ops.rocketmq_offsets import RecallHandle
 from raftlog.node.ops.rocketmq_receive import header
@@ -107,7 +107,7 @@ OK = _status(rmq.OK)
 
 def _unsupported(what: str) -> rmq.Status:
     return _status(rmq.UNSUPPORTED, f"{what} are not served by raftlog yet (docs/rocketmq.md "
-                                    "lists what is next); send NORMAL messages")
+                                    "\"Not served yet\"); send NORMAL messages")
 
 
 def answered(response: type[Any], *, invalid_name: int = rmq.ILLEGAL_TOPIC
@@ -159,7 +159,6 @@ class RocketMQService(TelemetryCalls, PullCalls, svc_grpc.MessagingServiceServic
         self._where = where
         self._own_address = own_address
         self._groups = RocketGroups(ops.topics, ops.consumers)
-        self._turn = itertools.count()
 
     # ------------------------------------------------------------------ routes
 
@@ -293,7 +292,7 @@ class RocketMQService(TelemetryCalls, PullCalls, svc_grpc.MessagingServiceServic
     async def _request(self, message: rmq.Message, via: Call
                        ) -> topics_pb2.PublishToTopicRequest:
         """The topic publish of a message: its properties as headers, a FIFO message keyed
-        by its group, any other to a queue this node leads."""
+        by its group, any other to the queue its message id hashes to (partition_for)."""
         props = message.system_properties
         topic = rocketmq.raftlog_topic(message.topic.name)
         headers = [types_pb2.Header(key=rocketmq.BORN_HEADER, value=(
@@ -312,9 +311,10 @@ class RocketMQService(TelemetryCalls, PullCalls, svc_grpc.MessagingServiceServic
             request.key = props.message_group.encode()
             request.headers.append(types_pb2.Header(key=rocketmq.GROUP_HEADER,
                                                     value=props.message_group))
-        else:
-            request.partition = self._partition(
-                topic, await self._topics.partitions(topic, via))
+        else:  # by its message id: a retry through any node lands where the first send did
+            request.partition = partition_for(
+                key=None, msg_id=props.message_id,
+                partitions=await self._topics.partitions(topic, via))
         return request
 
     @staticmethod
@@ -349,14 +349,6 @@ class RocketMQService(TelemetryCalls, PullCalls, svc_grpc.MessagingServiceServic
         if props.body_encoding == rmq.GZIP:
             return _status(rmq.BAD_REQUEST, "GZIP bodies are not supported; send IDENTITY")
         return None
-
-    def _partition(self, topic: str, count: int) -> int:
-        """A queue this node leads, taken in turn (no forward), else any in turn: a client
-        spreads its sends over the brokers the route gave, so every node writes locally."""
-        here = [index for index in range(count)
-                if self._serving(topics.partition_stream(topic, index)) == self._own_address()]
-        choices = here or list(range(count))
-        return choices[next(self._turn) % len(choices)]
 
     # ------------------------------------------------------------------ consuming
 

@@ -11,6 +11,8 @@ create with the same count and config fills the gap. The count never changes.
 
 Front-ends call:
 - `partition_for_key(key, partitions)`          sarama's hash partitioner (None: random)
+- `partition_for(key=, msg_id=, partitions=)`   where a publish without a named partition
+  goes: by its key, else by its msg_id (the same hash), else random
 - `TopicOps.create / delete / info / list`      canonical Topics requests
 - `TopicOps.partitions(topic, via) -> int`      the count, cached for limits.topic_cache_ms
 - `TopicOps.publish(request, via)`              -> PublishToTopicResponse (partition, seq)
@@ -55,6 +57,19 @@ def partition_for_key(key: bytes | None, partitions: int, *,
     if key is None:
         return (choose or random.randrange)(partitions)
     return topics.hash_partition(key, partitions)
+
+
+def partition_for(*, key: bytes | None, msg_id: str, partitions: int,
+                  choose: Callable[[int], int] | None = None) -> int:
+    """The partition of a publish that names none, for every front-end: its key's
+    (`partition_for_key`) when it has a key; else, with a msg_id, the same sarama hash over
+    the id's UTF-8 bytes, so a retry of the send lands on the partition of the first one
+    whichever node takes it, and that partition's dedupe window stores it once; random
+    (`choose(n)`) only with neither. The cost: such a send goes to its partition's primary,
+    forwarded when that is another node."""
+    if key is None and msg_id:
+        return topics.hash_partition(msg_id.encode(), topics.validate_partitions(partitions))
+    return partition_for_key(key, partitions, choose=choose)
 
 
 def key_of(message: types_pb2.Message) -> bytes | None:
@@ -282,7 +297,8 @@ class TopicOps:
             partition = request.partition
             await self.stream(request.topic, partition, via)
         else:
-            partition = partition_for_key(request.key if target == "key" else None, count)
+            partition = partition_for(key=request.key if target == "key" else None,
+                                      msg_id=request.msg_id, partitions=count)
         headers = list(request.headers)
         if target == "key":
             headers.append(types_pb2.Header(key=KEY_HEADER,

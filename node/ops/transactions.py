@@ -35,7 +35,7 @@ from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.ops import transactions_layout as layout
-from raftlog.node.ops.partitions import KEY_HEADER, TopicOps, partition_for_key
+from raftlog.node.ops.partitions import KEY_HEADER, TopicOps, partition_for
 from raftlog.node.ops.sources import leads
 from raftlog.node.ops.streams import StreamOps
 from raftlog.node.transport.calls import Call
@@ -129,7 +129,8 @@ class TransactionOps:
             partition = request.partition
             await self._topics.stream(request.topic, partition, via)  # range-checked
         else:
-            partition = partition_for_key(request.key if choice == "key" else None, count)
+            partition = partition_for(key=request.key if choice == "key" else None,
+                                      msg_id=request.msg_id, partitions=count)
         if choice == "key":
             extra.append(types_pb2.Header(key=KEY_HEADER,
                                           value=base64.b64encode(request.key).decode()))

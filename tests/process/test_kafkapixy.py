@@ -6,7 +6,9 @@ after the ack timeout, the pending cap and the waiting cap, bad input with Kafka
 the later upstream RPCs (GetOffsets, SetOffsets applied to a live group, ListTopics,
 ListConsumers, GetTopicMetadata, headers) through raftlog's own superset proto; grpcurl through
 server reflection; and (last) a kill -9 of a partition's primary after which the group resumes
-where it left off with nothing acknowledged lost.
+where it left off with nothing acknowledged lost, then a restart of the killed node through
+which the group's offsets read the same and the group consumes on from exactly there. Where
+the seed is present, the client must have been compiled from it.
 
 The seed is found through RAFTLOG_SEEDS_DIR or <repo>/../shared/seeds; without it the client is
 compiled from raftlog's own kafkapixy.proto (a wire-compatible superset), so every check runs.
@@ -217,6 +219,19 @@ def offsets(cluster: LocalCluster, i: int, topic: str, group: str) -> dict[int, 
 
 
 # ------------------------------------------------------------------ tests
+
+def test_the_seed_compiled_client_is_the_seed(kp: ModuleType) -> None:
+    """Where the seed is, the client was compiled from it (v0.13.0: three RPCs, no headers),
+    not from raftlog's own superset."""
+    if seed_path() is None:
+        pytest.skip(f"the Kafka-Pixy seed {SEED_FILE} is not in RAFTLOG_SEEDS_DIR or "
+                    "../shared/seeds: the client was compiled from raftlog's own proto")
+    assert kp.FROM_SEED  # type: ignore[attr-defined]
+    service = kp.DESCRIPTOR.services_by_name["KafkaPixy"]
+    assert service.full_name == "KafkaPixy"  # no package, as the real one
+    assert [m.name for m in service.methods] == ["Produce", "ConsumeNAck", "Ack"]
+    assert "headers" not in kp.ProdRq.DESCRIPTOR.fields_by_name
+
 
 def test_group_names_escape_reversibly_into_consumer_names() -> None:
     from raftlog.node.ops.kafkapixy_groups import consumer_name, group_of
@@ -493,7 +508,8 @@ def test_grpcurl_produces_and_consumes_through_reflection(cluster: LocalCluster,
 
 def test_a_killed_partition_primary_loses_no_acked_offset_and_the_group_resumes(
         cluster: LocalCluster, kp: ModuleType, topic: str) -> None:
-    """Last: it leaves the cluster one node short."""
+    """Last. Then the killed node is started again: through it, GetOffsets shows the group's
+    committed offsets unchanged and the group consumes on from exactly there."""
     group = "failover"
     got: list[Any] = []
     loop = threading.Thread(target=lambda: got.extend(quick_start_loop(
@@ -544,3 +560,56 @@ def test_a_killed_partition_primary_loses_no_acked_offset_and_the_group_resumes(
     # The group resumes after its committed offsets: the new message, nothing consumed twice.
     assert [r.message for r in again] == [b"after-kill"]
     assert (again[0].partition, again[0].offset) not in before
+    resumes_after_a_restart(cluster, kp, topic, group, victim, others)
+
+
+def offsets_when_served(cluster: LocalCluster, i: int, topic: str, group: str
+                        ) -> dict[int, Any]:
+    """GetOffsets through node i once it answers (a node just started may answer
+    UNAVAILABLE while it catches up), bounded."""
+    found: list[dict[int, Any]] = []
+
+    def answered() -> bool:
+        try:
+            found.append(offsets(cluster, i, topic, group))
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False
+        return True
+
+    wait_until(answered, failover_timeout_s, interval_s=0.2, what=f"GetOffsets through {i}")
+    return found[0]
+
+
+def resumes_after_a_restart(cluster: LocalCluster, kp: ModuleType, topic: str, group: str,
+                            victim: int, others: list[int]) -> None:
+    """Restarts the killed node; the group's offsets read through it are those committed
+    before, and a consume loop through it takes every offset from there on, once."""
+    settled = offsets(cluster, others[0], topic, group)
+    cluster.start(victim)
+    shown = offsets_when_served(cluster, victim, topic, group)
+    assert {p: part.offset for p, part in shown.items()} == {
+        p: part.offset for p, part in settled.items()}  # unchanged by the restart
+    for key in (b"a", b"foo", b"bar"):  # partitions 0, 1 and 2
+        def produced(key: bytes = key) -> bool:
+            try:
+                pixy(kp, cluster, victim).Produce(kp.ProdRq(
+                    topic=topic, key_value=key, message=b"after-restart"),
+                    timeout=call_timeout_s)
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+                    raise
+                return False
+            return True
+
+        wait_until(produced, failover_timeout_s, interval_s=0.2, what="a produce after restart")
+    ends = offsets_when_served(cluster, victim, topic, group)
+    wanted = {(p, offset) for p, part in ends.items()
+              for offset in range(settled[p].offset, part.end)}
+    resumed = quick_start_loop(pixy(kp, cluster, victim), kp, topic=topic, group=group,
+                               want=len(wanted), give_up_s=30)
+    got = [(r.partition, r.offset) for r in resumed]
+    assert len(got) == len(set(got)) and set(got) == wanted  # from there on, each once
+    final = offsets(cluster, others[1], topic, group)
+    assert all(final[p].offset == part.end for p, part in ends.items()), final

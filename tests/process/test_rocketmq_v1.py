@@ -18,6 +18,8 @@ COMPAT.md §2.3:
 - transactional sends: a commit makes the message receivable, a rollback never; an open one is
   handed out by a producer's PollCommand and its EndTransaction(COMMIT, SERVER_CHECK) commits
   it; an EndTransaction of an id naming nothing it can end is INVALID_ARGUMENT;
+- the same message id sent through two nodes is stored once (a transactional one answers the
+  first send's transaction);
 - grpcurl calls a v1 RPC through server reflection; and (last) a kill -9 of a queue's primary
   between send and receive loses nothing that was acknowledged.
 
@@ -382,7 +384,7 @@ def test_producer_then_push_consumer_sequences(cluster: LocalCluster, v1: Any) -
     assert (attrs.tag, attrs.keys[0][:1], dict(first.user_attribute)) == (
         "eu", "k", {"region": "eu"})
     assert attrs.delivery_attempt == 1 and attrs.body_digest.type == v1.rmq.MD5
-    assert len({m.system_attribute.partition_id for m in got}) > 1  # queues taken in turn
+    assert len({m.system_attribute.partition_id for m in got}) > 1  # the ids spread them
     again = consumer.AckMessage(v1.AckMessageRequest(
         group=resource(v1, group), topic=resource(v1, topic), client_id="c1",
         receipt_handle=attrs.receipt_handle), timeout=call_timeout_s)
@@ -594,6 +596,36 @@ def test_transactions_commit_roll_back_and_are_recovered_through_poll_command(
         assert end_txn(v1, producer, unknown, commit) == INVALID_ARGUMENT
     assert end_txn(v1, producer, ids["commit-me"], rollback) == INVALID_ARGUMENT  # it is out
     assert end_txn(v1, producer, ids["roll-me-back"], commit) == INVALID_ARGUMENT
+
+
+def test_a_message_id_sent_again_through_another_node_is_stored_once(
+        cluster: LocalCluster, v1: Any) -> None:
+    """A send naming no queue goes to the queue its message id hashes to, so the same id
+    sent again through another node (as a client retries after a lost answer) is stored
+    once; a transactional send sent again answers the first one's transaction."""
+    topic = "v1-retried"
+    make_topic(cluster, topic)
+    ids = [f"dup-{n}" for n in range(6)]
+    for i, queue in ((1, None), (2, -1), (3, None)):  # -1: "any queue", as the bench sends
+        for message_id in ids:
+            answer = send(v1, stub(v1, cluster, i), message(v1, topic, message_id,
+                                                            message_id.encode()), queue)
+            assert (answer.common.status.code, answer.message_id) == (OK, message_id)
+    api = topics_pb2_grpc.TopicsStub(cluster.channel(2))  # type: ignore[no-untyped-call]
+    info = until_served(lambda: api.GetTopic(topics_pb2.GetTopicRequest(name=topic),
+                                             timeout=call_timeout_s), "the topic")
+    expected = [0] * PARTITIONS
+    for message_id in ids:
+        expected[topics.hash_partition(message_id.encode(), PARTITIONS)] += 1
+    assert [p.info.state.last_seq for p in info.partition_infos] == expected
+
+    txn = message(v1, topic, "txn-dup", b"t", message_type=v1.rmq.TRANSACTION)
+    prepared = send(v1, stub(v1, cluster, 1), txn)
+    retried = send(v1, stub(v1, cluster, 3), txn)
+    assert prepared.common.status.code == OK and prepared.transaction_id
+    assert retried.transaction_id == prepared.transaction_id
+    assert end_txn(v1, stub(v1, cluster, 2), prepared.transaction_id,
+                   v1.EndTransactionRequest.ROLLBACK) == OK
 
 
 def test_the_seed_compiled_client_is_the_seed(v1: Any) -> None:

@@ -16,6 +16,8 @@
   recall is refused;
 - bad input (unknown topic, no message id, a forged receipt handle, a SQL filter) gets its v2
   status code, and QueryRoute names every node's client port (raftlog's own stubs);
+- a message id sent again through another node (raftlog's own stubs, alone, in a batch, and
+  transactional) is stored once and answered with the first send's offset or transaction;
 - a pull consumer (raftlog's own stubs) reads a queue by offset with QueryOffset and
   PullMessage and commits its offset with UpdateOffset / GetOffset (the group's ack floor);
 - after a kill -9 of a queue's primary no acknowledged send and no ack is lost: a new consumer
@@ -375,6 +377,51 @@ def test_a_recalled_delayed_message_is_never_delivered(cluster: LocalCluster) ->
     assert got["seen"] == [], got
     assert [p.last_seq for p in offsets(cluster, 3, topic, "undo").partitions] == \
         [1] * PARTITIONS  # the warm-up messages only
+
+
+def test_a_message_id_sent_again_through_another_node_is_stored_once(
+        cluster: LocalCluster) -> None:
+    """raftlog's own stubs (the real client never repeats an id): a NORMAL message's id picks
+    its queue, so the same id sent again through another node, alone or in a batch, reaches
+    the queue of the first send and is answered with its offset; a transactional send sent
+    again answers the first one's transaction."""
+    topic = "retried"
+    make_topic(cluster, topic)
+    resource = rmq.Resource(name=topic)
+    stubs = {i: svc_grpc.MessagingServiceStub(grpc.insecure_channel(cluster.address(i)))  # type: ignore[no-untyped-call]
+             for i in (1, 2, 3)}
+
+    def message(message_id: str, kind: int = rmq.NORMAL) -> rmq.Message:
+        return rmq.Message(topic=resource, body=message_id.encode(),
+                           system_properties=rmq.SystemProperties(message_id=message_id,
+                                                                  message_type=kind))
+
+    def sent(i: int, *messages: rmq.Message) -> list[svc.SendResultEntry]:
+        answer = when_available(lambda: stubs[i].SendMessage(svc.SendMessageRequest(
+            messages=messages), timeout=call_timeout_s), "a send")
+        assert answer.status.code == rmq.OK, answer.status
+        assert [e.status.code for e in answer.entries] == [rmq.OK] * len(messages)
+        return list(answer.entries)
+
+    ids = [f"dup-{n}" for n in range(6)]
+    first = {e.message_id: e.offset for i in ids for e in sent(1, message(i))}
+    again = {e.message_id: e.offset for i in ids for e in sent(2, message(i))}
+    batch = {e.message_id: e.offset for e in sent(3, *(message(i) for i in ids))}
+    assert again == first and batch == first  # the first send's offsets
+    info = when_available(lambda: api(cluster, 3).GetTopic(topics_pb2.GetTopicRequest(
+        name=topic), timeout=call_timeout_s), "the topic")
+    expected = [1] * PARTITIONS  # the warm-up messages
+    for message_id in ids:
+        expected[topics.hash_partition(message_id.encode(), PARTITIONS)] += 1
+    assert [p.info.state.last_seq for p in info.partition_infos] == expected
+
+    (prepared,) = sent(1, message("txn-dup", rmq.TRANSACTION))
+    (retried,) = sent(3, message("txn-dup", rmq.TRANSACTION))
+    assert prepared.transaction_id and retried.transaction_id == prepared.transaction_id
+    ended = stubs[2].EndTransaction(svc.EndTransactionRequest(
+        topic=resource, message_id="txn-dup", transaction_id=prepared.transaction_id,
+        resolution=rmq.ROLLBACK), timeout=call_timeout_s)
+    assert ended.status.code == rmq.OK, ended.status
 
 
 def pull(stub: Any, queue: rmq.MessageQueue, offset: int, *, tags: str = "*",

@@ -1,6 +1,7 @@
 """Topics end to end on a real 3-process cluster (one cluster for the module): a 6-partition
 topic whose partitions have primaries on all three nodes, keys routed as sarama's hash
-partitioner routes them whichever node is asked, a consumer group across the partitions with
+partitioner routes them whichever node is asked, a keyless publish with a msg_id repeated
+through another node stored once, a consumer group across the partitions with
 its offsets read and set, an incomplete topic refused and repaired, delete, bad input, the CLI,
 and (last) a kill -9 of a partition's primary after which the partition takes writes again with
 every acknowledged message kept.
@@ -26,7 +27,7 @@ from raftlog.base import topics
 from raftlog.base.errors import Reason
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import wait_until
-from raftlog.node.ops.partitions import key_of, partition_for_key
+from raftlog.node.ops.partitions import key_of, partition_for, partition_for_key
 from raftlog.node.transport.rpc import from_rpc_error, grpc_status
 from raftlog.v1 import consumers_pb2, streams_pb2, topics_pb2, topics_pb2_grpc, types_pb2
 
@@ -119,6 +120,28 @@ def test_a_key_goes_to_its_hash_partition_through_any_node(
     assert publish(cluster, 3, key=b"", payload=b"empty key").partition == \
         partition_for_key(b"", PARTITIONS)
     assert 0 <= publish(cluster, 2, payload=b"no key").partition < PARTITIONS
+
+
+def test_a_keyless_publish_repeated_through_another_node_is_stored_once(
+        cluster: LocalCluster, topic: topics_pb2.TopicInfo) -> None:
+    """No key: the msg_id's hash picks the partition, so a retry through any node reaches
+    the partition of the first send, whose dedupe window answers it with the first seq."""
+    for n in range(6):
+        msg_id = f"once-{n}"
+        first = publish(cluster, 1 + n % 3, msg_id=msg_id, payload=b"first")
+        again = publish(cluster, 1 + (n + 1) % 3, msg_id=msg_id, payload=b"retry")
+        assert first.partition == partition_for(key=None, msg_id=msg_id, partitions=PARTITIONS)
+        assert not first.duplicate and again.duplicate
+        assert (again.partition, again.stream, again.seq) == (
+            first.partition, first.stream, first.seq)
+    stored: dict[str, list[bytes]] = {}
+    for part in topic.partition_infos:
+        read = cluster.streams(2).ReadMessages(streams_pb2.ReadMessagesRequest(
+            stream=part.stream, from_seq=1, limit=1000), timeout=call_timeout_s)
+        for message in read.messages:
+            if message.msg_id.startswith("once-"):
+                stored.setdefault(message.msg_id, []).append(message.payload)
+    assert stored == {f"once-{n}": [b"first"] for n in range(6)}
 
 
 def test_a_group_consumes_every_partition_and_its_offsets_move(

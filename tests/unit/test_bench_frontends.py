@@ -36,8 +36,16 @@ def test_ratios_divide_by_the_named_baseline_phase_by_phase(bf: ModuleType) -> N
                          "consume batch": {"msgs_per_s": 0.0}},
             "Kafka-Pixy": {"produce unary": {"msgs_per_s": 150.0},
                            "consume unary": {"msgs_per_s": 10.0}},
-            "RocketMQ v2": {"consume batch": {"msgs_per_s": 30.0}}}
+            "RocketMQ v2": {"consume batch": {"msgs_per_s": 30.0}},
+            "RocketMQ v1": {"produce unary": {"msgs_per_s": 50.0},
+                            "consume batch": {"msgs_per_s": 5.0}}}
     got = bf.ratios(rows)
     assert got["Kafka-Pixy"] == {"produce unary": 0.75}  # no baseline for consume unary
     assert got["RocketMQ v2"] == {}  # a zero baseline gives no ratio
+    assert got["RocketMQ v1"] == {"produce unary": 0.25}  # divided by "v1 topic" too
     assert got["Waymaker"] == {} and got["Numaflow"] == {}
+
+
+def test_every_front_end_row_has_a_baseline_the_run_measures(bf: ModuleType) -> None:
+    assert bf.BASELINE["RocketMQ v1"] == bf.BASELINE["RocketMQ v2"] == "v1 topic"
+    assert set(bf.BASELINE.values()) == {"v1 stream", "v1 topic"}

@@ -1,6 +1,7 @@
 """Topics without a node: the key hash (sarama's HashPartitioner, checked against FNV-1a's
-published vectors and Go's remainder written out), the partition stream names (reversible,
-never colliding, reserved), and the ring spreading one topic's partitions."""
+published vectors and Go's remainder written out), the partition of a keyless publish (its
+msg_id's hash), the partition stream names (reversible, never colliding, reserved), and the
+ring spreading one topic's partitions."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from raftlog.base import limits, topics
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.cluster.ring import Ring
 from raftlog.node.engine.stream_config import validate_config
-from raftlog.node.ops.partitions import key_of, partition_for_key
+from raftlog.node.ops.partitions import key_of, partition_for, partition_for_key
 from raftlog.v1 import types_pb2
 
 # FNV-1a 32-bit reference vectors (the FNV authors' test suite).
@@ -61,10 +62,40 @@ def test_no_key_is_a_random_partition() -> None:
     assert {partition_for_key(None, 3) for _ in range(200)} == {0, 1, 2}
 
 
+def never(n: int) -> int:
+    raise AssertionError("a random partition was drawn")
+
+
+@pytest.mark.parametrize(("msg_id", "n", "expected"), [
+    ("a", 7, 6), ("foobar", 7, 4), ("a", 6, 0),  # the key vectors above, as ids
+])
+def test_a_keyless_publish_goes_where_its_msg_id_hashes(msg_id: str, n: int, expected: int
+                                                         ) -> None:
+    assert partition_for(key=None, msg_id=msg_id, partitions=n, choose=never) == expected
+
+
+def test_a_msg_id_always_picks_the_same_partition_with_the_key_hash() -> None:
+    for msg_id in ("order-42", "7F0000011A2B18B4AAC2", "ü-1"):
+        for n in (1, 3, 12):
+            picked = partition_for(key=None, msg_id=msg_id, partitions=n, choose=never)
+            assert picked == partition_for_key(msg_id.encode(), n)  # UTF-8 bytes
+            assert picked == go_partition(topics.fnv1a_32(msg_id.encode()), n)
+
+
+def test_a_key_wins_over_the_msg_id_and_neither_is_random() -> None:
+    assert partition_for(key=b"foobar", msg_id="a", partitions=7) == 4
+    assert partition_for(key=b"", msg_id="a", partitions=7) == 2  # an empty key is a key
+    assert partition_for(key=None, msg_id="", partitions=5, choose=lambda n: n - 1) == 4
+    assert {partition_for(key=None, msg_id="", partitions=3) for _ in range(200)} == {0, 1, 2}
+
+
 def test_a_partition_count_outside_its_bounds_is_refused() -> None:
     for count in (0, limits.topic_partitions_max + 1):
         with pytest.raises(RaftlogError) as err:
             partition_for_key(b"k", count)
+        assert err.value.reason == Reason.INVALID_ARGUMENT
+        with pytest.raises(RaftlogError) as err:
+            partition_for(key=None, msg_id="m", partitions=count)
         assert err.value.reason == Reason.INVALID_ARGUMENT
 
 

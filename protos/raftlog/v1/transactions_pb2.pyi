@@ -39,7 +39,8 @@ class PrepareRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     """The target: a stream, or a topic's partition (chosen by `key` or named by `partition`;
-    neither = a random partition). Exactly one of `stream` and `topic`.
+    neither = the partition msg_id hashes to, else a random one). Exactly one of `stream`
+    and `topic`.
     """
     topic: _builtins.str
     key: _builtins.bytes
