@@ -73,6 +73,11 @@ class Storage:
         self._views = {name: self.db.get_column_family(name) for name in COLUMN_FAMILIES}
         self._unsynced = WriteOptions()
         self._unsynced.sync = False
+        # Bytes of every batch `write` applied so far (their WAL records, not yet fsynced);
+        # GroupCommitter tells each fsync's share to the metrics. Writes may come from any
+        # thread, hence the lock.
+        self._written_lock = threading.Lock()
+        self._written_bytes = 0
 
     def handle(self, cf: str) -> ColumnFamily:
         return self._handles[cf]
@@ -86,8 +91,16 @@ class Storage:
     def write(self, batch: WriteBatch) -> None:
         """Applies the batch atomically, without fsync (see GroupCommitter)."""
         if not batch.is_empty():
+            size_bytes = batch.size_in_bytes()
             with fatal_on_disk_failure("a write to the node's database"):
                 self.db.write(batch, self._unsynced)
+            with self._written_lock:
+                self._written_bytes += size_bytes
+
+    @property
+    def written_bytes(self) -> int:
+        """Bytes of the batches `write` has applied since the database was opened."""
+        return self._written_bytes
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         value: bytes | None = self._views[cf].get(key)
@@ -158,8 +171,10 @@ class GroupCommitter:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.fsyncs = 0
-        # Told how many `durable()` callers each fsync released (the node's metrics), or None.
-        self.on_batch: Callable[[int], None] | None = None
+        # Told, for each fsync, how many `durable()` callers it released and how many bytes of
+        # `Storage.write` batches it made durable (the node's metrics), or None. The Raft
+        # journal writes and syncs on its own and is not counted.
+        self.on_batch: Callable[[int, int], None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -180,6 +195,7 @@ class GroupCommitter:
 
     def _run(self) -> None:
         synced = 0
+        synced_bytes = 0  # Storage.written_bytes as the previous fsync started
         while True:
             with self._wake:
                 while self._want <= synced and not self._stopping:
@@ -187,20 +203,24 @@ class GroupCommitter:
                 if self._stopping and self._want <= synced:
                     return
                 target = self._want
+            # Read before the fsync, so every byte counted here is surely covered by it; a
+            # write that lands meanwhile counts toward the next one.
+            written_bytes = self._storage.written_bytes
             with fatal_on_disk_failure("fsync of the node's database"):
                 self._storage.sync()
             synced = target
             self.fsyncs += 1
             if self._loop is None:
                 raise InvariantViolation("the group-commit thread runs before start()")
-            self._loop.call_soon_threadsafe(self._resolve, target)
+            self._loop.call_soon_threadsafe(self._resolve, target, written_bytes - synced_bytes)
+            synced_bytes = written_bytes
 
-    def _resolve(self, generation: int) -> None:
+    def _resolve(self, generation: int, synced_bytes: int) -> None:
         self._synced = max(self._synced, generation)
         ready = [future for wanted, future in self._waiters if wanted <= self._synced]
         settle(ready)
-        if self.on_batch is not None and ready:
-            self.on_batch(len(ready))
+        if self.on_batch is not None and (ready or synced_bytes):
+            self.on_batch(len(ready), synced_bytes)
         self._waiters = [(wanted, future) for wanted, future in self._waiters
                          if wanted > self._synced]
 

@@ -2,7 +2,7 @@
 
 Each node owns one `NodeMetrics`: its own registry (never prometheus_client's global one, so
 several nodes can share a process in tests), the few instruments that count on a hot path (a
-call through the client port, a forwarded call, a group-commit batch, a Raft proposal), and
+call through the client port, a forwarded call, a group-commit fsync, a Raft proposal), and
 the HTTP listener that serves `/metrics`. The peer listener (node-to-node services) has its
 own families (`raftlog_peer_rpc_*`, `raftlog_replica_*`), so that the client-port series keep
 counting client calls only. Everything else is read when a scrape arrives, by
@@ -39,6 +39,9 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                      2.5, 5.0, 10.0, 30.0)
 # Futures one fsync releases (group commit): 1 when idle, more under concurrent writes.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Bytes one fsync makes durable: a small publish writes a few hundred, a batch up to MBs.
+BATCH_BYTES_BUCKETS = (256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576, 4_194_304,
+                       16_777_216, 67_108_864)
 
 # The canonical operation a method name stands for, on every front-end that has it.
 OPERATIONS = {
@@ -110,6 +113,10 @@ class NodeMetrics:
         self.commit_batch = Histogram(
             "raftlog_group_commit_batch_size", "Writers one fsync made durable at once.",
             buckets=BATCH_BUCKETS, registry=reg)
+        self.commit_bytes = Histogram(
+            "raftlog_group_commit_bytes", "Bytes of database writes (messages, their indexes, "
+            "stream and consumer state) one fsync made durable.",
+            buckets=BATCH_BYTES_BUCKETS, registry=reg)
         self.proposal = Histogram(
             "raftlog_raft_proposal_duration_seconds", "Time from proposing a metadata command "
             "to Raft to its result (committed and applied), failures included.",
@@ -161,8 +168,11 @@ class NodeMetrics:
 
     # -- hot-path hooks ------------------------------------------------------------------------
 
-    def observe_batch(self, waiters: int) -> None:
-        self.commit_batch.observe(waiters)
+    def observe_batch(self, waiters: int, synced_bytes: int) -> None:
+        """One fsync of the group commit: the writers it released, the bytes it covered."""
+        if waiters:
+            self.commit_batch.observe(waiters)
+        self.commit_bytes.observe(synced_bytes)
 
     def observe_proposal(self, seconds: float) -> None:
         self.proposal.observe(seconds)

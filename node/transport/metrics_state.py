@@ -165,8 +165,8 @@ def _raft_families(status: Any) -> Iterator[Metric]:
          int(status.is_leader)),
         ("raftlog_raft_leader_known", "1 while this node knows a leader of the metadata group.",
          int(status.leader is not None)),
-        ("raftlog_raft_has_quorum", "1 while this node (as leader) hears from a majority.",
-         int(status.has_quorum)),
+        ("raftlog_raft_has_quorum", "1 while this node has a Raft connection to a majority "
+         "of the members, itself included.", int(status.has_quorum)),
         ("raftlog_raft_commit_index", "The metadata log's commit index here.",
          status.commit_index),
         ("raftlog_raft_applied_index", "The metadata log's applied index here.",

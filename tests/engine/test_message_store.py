@@ -248,6 +248,35 @@ def test_durable_returns_once_the_writes_before_it_are_durable(tmp_path: Path) -
     asyncio.run(main())
 
 
+def test_each_fsync_reports_its_writers_and_the_bytes_it_made_durable(tmp_path: Path) -> None:
+    """The group commit's metrics hook: per fsync, the durable() callers it released and the
+    bytes of the write batches since the previous fsync; over several fsyncs the bytes add up
+    to everything written."""
+    reports: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        storage = Storage(tmp_path)
+        committer = GroupCommitter(storage)
+        committer.on_batch = lambda waiters, synced_bytes: reports.append((waiters, synced_bytes))
+        committer.start(asyncio.get_running_loop())
+        rocks = RocksMessageStore(storage, committer)
+        try:
+            append(rocks, SID, 1, "a")
+            first = storage.written_bytes
+            await asyncio.wait_for(rocks.durable(), 10)
+            append(rocks, SID, 2, "b", "c")
+            await asyncio.wait_for(asyncio.gather(rocks.durable(), rocks.durable()), 10)
+            assert first > len(b"v1") and storage.written_bytes > first
+            assert sum(synced for _, synced in reports) == storage.written_bytes
+            assert reports[0] == (1, first)
+            assert sum(waiters for waiters, _ in reports) == 3
+        finally:
+            committer.stop()
+            storage.close()
+
+    asyncio.run(main())
+
+
 # ----------------------------------------------------------------- the twin against RocksDB
 
 SUBJECTS = ("a", "b", "c.d")

@@ -140,7 +140,8 @@ def test_a_call_counts_its_operation_latency_and_error_reason() -> None:
     metrics.ended(frontend="kafkapixy", method="Produce", started=0.0, reason="STREAM_NOT_FOUND")
     metrics.ended(frontend="raftlog.v1", method="GetStreamInfo", started=0.0, reason="")
     metrics.count_forward("/raftlog.v1.Streams/Publish")
-    metrics.observe_batch(3)
+    metrics.observe_batch(3, 4096)
+    metrics.observe_batch(0, 100)  # an fsync that released no writer still covered bytes
     got = samples(metrics)
     assert got[("raftlog_operations_total", (("frontend", "raftlog.v1"), ("operation", "publish"),
                                               ("outcome", "ok")))] == 1
@@ -155,6 +156,9 @@ def test_a_call_counts_its_operation_latency_and_error_reason() -> None:
     assert got[("raftlog_forwarded_calls_total",
                 (("method", "/raftlog.v1.Streams/Publish"),))] == 1
     assert got[("raftlog_group_commit_batch_size_sum", ())] == 3
+    assert got[("raftlog_group_commit_batch_size_count", ())] == 1
+    assert got[("raftlog_group_commit_bytes_sum", ())] == 4196
+    assert got[("raftlog_group_commit_bytes_count", ())] == 2
 
 
 def test_peer_calls_count_in_the_peer_families_and_never_in_the_client_ones() -> None:
