@@ -85,7 +85,9 @@ class Reason(enum.Enum):
     NODE_UNREACHABLE = "FAILED_PRECONDITION"  # a joining node did not answer as a member
     # Appended for bad input and resource bounds:
     MALFORMED_REQUEST = "INVALID_ARGUMENT"  # request bytes that do not parse as the method's type
-    TOO_MANY_SUBSCRIPTIONS = "RESOURCE_EXHAUSTED"  # limits.subscriptions_max calls are open
+    # limits.subscriptions_max calls are open on the node, or a stream's max_subscriptions on
+    # the stream (metadata `stream`):
+    TOO_MANY_SUBSCRIPTIONS = "RESOURCE_EXHAUSTED"
     # Appended for the audit's repair (raftlog audit repair):
     COPY_IS_PRIMARY = "FAILED_PRECONDITION"  # a repair of the copy a serving primary holds
     COPY_CHANGED = "FAILED_PRECONDITION"  # the copy is no longer where the repair plan saw it

@@ -26,6 +26,9 @@ class NodeConfig:
     metrics_address: str = ""
     # "text" (the default) or "json": one JSON object per log line (docs/logging.md).
     log_format: str = "text"
+    # The window of the repeated-line limiter (node/log_limit.py); None:
+    # limits.log_repeat_window_s.
+    log_repeat_window_s: float | None = None
     # Clients with calls open at once on the client port, and Subscribe calls open at once
     # (docs/quotas.md); None: limits.client_connections_max_default, limits.subscriptions_max.
     connections_max: int | None = None

@@ -109,12 +109,13 @@ class RepeatLimitFilter(logging.Filter):
         return [record]
 
 
-def install(logger: logging.Logger | None = None, *, clock: Clock | None = None
-            ) -> list[RepeatLimitFilter]:
-    """Puts a RepeatLimitFilter on every handler of `logger` (default: the root logger)."""
+def install(logger: logging.Logger | None = None, *, clock: Clock | None = None,
+            window_s: float | None = None) -> list[RepeatLimitFilter]:
+    """Puts a RepeatLimitFilter on every handler of `logger` (default: the root logger);
+    `window_s` None: limits.log_repeat_window_s."""
     filters = []
     for handler in (logger or logging.getLogger()).handlers:
-        limiter = RepeatLimitFilter(sink=handler.handle, clock=clock)
+        limiter = RepeatLimitFilter(sink=handler.handle, clock=clock, window_s=window_s)
         handler.addFilter(limiter)
         filters.append(limiter)
     return filters

@@ -419,6 +419,15 @@ class Node:
                 else [">"]
 
         group = cluster.group
+        # What this node had committed when it stopped: pysyncobj applies it again after the
+        # start, on its own thread, and the users are in it (docs/auth.md).
+        replay_to = self.group.journal.getRaftCommitIndex() if self.group is not None else 0
+        loaded = False
+
+        def users_loaded() -> bool:
+            nonlocal loaded
+            loaded = loaded or group.state.applied_index >= replay_to or cluster.caught_up()
+            return loaded
 
         def users() -> dict[str, raft_pb2.UserRecord]:
             """The users now (records are replaced, never changed: state_users.py)."""
@@ -428,7 +437,8 @@ class Node:
                 return dict(state.users)
 
         return auth.Authenticator(users=users, credential=credential,
-                                  subjects_of=subjects_of, clock=self.clock)
+                                  subjects_of=subjects_of, clock=self.clock,
+                                  users_loaded=users_loaded)
 
     def _peer_server(self, cluster: ClusterNode) -> grpc.aio.Server:
         """The peer listener: node-to-node services, for holders of the cluster credential."""
@@ -536,7 +546,8 @@ def _freeze(seconds: float) -> None:
 
 def run(config: NodeConfig) -> int:
     logctx.configure(log_format=config.log_format, level=config.log_level, node=config.name)
-    log_limit.install()  # repeated lines (same logger and template) are rate limited
+    # Repeated lines (same logger and template) are rate limited.
+    log_limit.install(window_s=config.log_repeat_window_s)
     sys.setswitchinterval(limits.gil_switch_interval_s)  # DESIGN §3
     try:
         asyncio.run(serve(config))

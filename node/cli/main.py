@@ -273,6 +273,10 @@ def _add_node(commands: Any) -> None:
     node.add_argument("--subscriptions-max", type=int, default=None, metavar="N",
                       help="Subscribe calls open at once on this node (default "
                       "limits.subscriptions_max; docs/quotas.md)")
+    node.add_argument("--log-repeat-window", type=float, default=None, metavar="SECONDS",
+                      help="at most limits.log_repeats_max lines of one template are written "
+                      "per window; the rest are counted in one summary line (default "
+                      "limits.log_repeat_window_s; docs/logging.md)")
     _add_node_tls(node)
     node.set_defaults(run=_run_node)
 
@@ -330,6 +334,7 @@ def _run_node(args: argparse.Namespace) -> int:
         cluster_secret=secret,
         log_level=args.log_level,
         log_format=args.log_format,
+        log_repeat_window_s=args.log_repeat_window,
         metrics_address=args.metrics or "",
         connections_max=args.connections_max,
         subscriptions_max=args.subscriptions_max,

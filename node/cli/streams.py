@@ -122,6 +122,7 @@ _STREAM_LIMIT_FIELDS = {
     "max_msgs_per_s": "max_msgs_per_s",
     "max_bytes_per_s": "max_bytes_per_s",
     "discard": "discard",
+    "max_subscriptions": "max_subscriptions",
 }
 _DISCARD = {"old": types_pb2.DISCARD_OLD, "new": types_pb2.DISCARD_NEW}
 
@@ -192,6 +193,9 @@ def _add_stream_limits(parser: argparse.ArgumentParser, *, update: bool) -> None
         "--discard", type=typed(_discard_policy), metavar="old|new",
         help="at --max-msgs/--max-bytes: remove the oldest messages (old, the default) or "
         "refuse new ones with RESOURCE_EXHAUSTED (new)")
+    parser.add_argument(
+        "--max-subscriptions", type=non_negative, metavar="N",
+        help=f"at most N Subscribe calls open on the stream at once (docs/quotas.md){zero}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def apply_update(
     changed.CopyFrom(current)
     for field in ("max_age_ms", "max_msgs", "max_bytes", "max_msgs_per_subject",
                   "max_msg_bytes", "dedupe_window_ms", "description", "replicas",
-                  "max_msgs_per_s", "max_bytes_per_s", "discard"):
+                  "max_msgs_per_s", "max_bytes_per_s", "discard", "max_subscriptions"):
         if update.HasField(field):
             setattr(changed, field, getattr(update, field))
     if update.HasField("subjects"):

@@ -18,6 +18,7 @@ from raftlog.node.ops.subscribe import Subscription, at_most
 from raftlog.node.transport import auth, rpc
 from raftlog.node.transport.calls import Call
 from raftlog.node.transport.forwarding import Forward
+from raftlog.node.transport.subscriptions import StreamSubscriptions
 from raftlog.v1 import consumers_pb2
 
 Resp = TypeVar("Resp")
@@ -39,6 +40,10 @@ def _seqs(seqs: Sequence[int]) -> Sequence[int]:
     return seqs
 
 
+def _nothing() -> None:
+    return None
+
+
 def _ack_response(seqs: Sequence[int], settled: Settled) -> consumers_pb2.AckResponse:
     """One result per requested seq, in request order; a refused seq carries its error."""
     refused = {seq: rpc.to_error_pb(error) for seq, error in settled.refused.items()}
@@ -49,10 +54,13 @@ def _ack_response(seqs: Sequence[int], settled: Settled) -> consumers_pb2.AckRes
 
 class ConsumerOps:
     def __init__(self, manager: ConsumerManager, *, metadata: ConsumerMetadata,
-                 where: Route) -> None:
+                 where: Route, subscriptions: StreamSubscriptions | None = None) -> None:
+        """`subscriptions`: the streams' open subscriptions served here, against their
+        max_subscriptions (None: not counted)."""
         self._manager = manager
         self._metadata = metadata
         self._where = where
+        self._subscriptions = subscriptions
 
     async def _on_primary(self, call: Forward[Resp], request: Any, via: Call,
                           local: Callable[[], Awaitable[Resp]], *, consumer: str = "") -> Resp:
@@ -170,16 +178,25 @@ class ConsumerOps:
         subscription = Subscription(self._manager, request, confirm=self._confirm_gone(via))
 
         async def local() -> AsyncIterator[consumers_pb2.SubscribeEvent]:
+            # Served here, on the primary: the stream's slot (a relaying node takes none).
+            give_back = (self._subscriptions.take(request.stream)
+                         if self._subscriptions is not None else _nothing)
             try:
                 async for event in subscription.events():
                     yield event
             except RaftlogError as err:
                 raise await self._metadata.confirm(err, stream=request.stream,
                                                    consumer=request.consumer, via=via) from None
+            finally:
+                give_back()
 
-        async for event in route.server_stream(self._where, self._where.primary(request.stream),
-                                               canonical.SUBSCRIBE, request, via, local):
-            yield event
+        events = route.server_stream(self._where, self._where.primary(request.stream),
+                                     canonical.SUBSCRIBE, request, via, local)
+        try:
+            async for event in events:
+                yield event
+        finally:  # closed with this one: a closed Subscribe gives its stream's slot back now
+            await route.maybe_aclose(events)
 
     def _confirm_gone(self, via: Call) -> Callable[[RaftlogError, str, str],
                                                     Awaitable[RaftlogError]]:

@@ -23,6 +23,7 @@ from raftlog.node.ops.streams import StreamOps
 from raftlog.node.ops.transactions import TransactionOps
 from raftlog.node.transport.forwarding import Forwarder
 from raftlog.node.transport.peer import PeerClient
+from raftlog.node.transport.subscriptions import StreamSubscriptions
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,27 @@ def standalone(engine: StreamEngine, manager: ConsumerManager, *, clock: Clock) 
     """A node on its own: every call is served here, metadata changes the engine directly."""
     streams = StreamOps(engine, metadata=LocalStreamMetadata(engine), where=LocalRoute())
     streams.schedule = ScheduleOps(streams, engine=engine, where=LocalRoute(), clock=clock)
-    consumers = local_consumers(manager)
+    consumers = local_consumers(manager, engine=engine)
     topics = TopicOps(streams, consumers, where=LocalRoute(), consumer_state=None, clock=clock)
     return Operations(streams=streams, consumers=consumers, topics=topics,
                       transactions=TransactionOps(streams, topics, engine=engine, clock=clock))
 
 
-def local_consumers(manager: ConsumerManager) -> ConsumerOps:
-    """Consumer operations of a node on its own."""
-    return ConsumerOps(manager, metadata=LocalConsumerMetadata(manager), where=LocalRoute())
+def local_consumers(manager: ConsumerManager, *, engine: StreamEngine | None = None
+                    ) -> ConsumerOps:
+    """Consumer operations of a node on its own (with `engine`, streams' max_subscriptions
+    are enforced)."""
+    return ConsumerOps(manager, metadata=LocalConsumerMetadata(manager), where=LocalRoute(),
+                       subscriptions=None if engine is None else stream_subscriptions(engine))
+
+
+def stream_subscriptions(engine: StreamEngine) -> StreamSubscriptions:
+    """Open subscriptions per stream against the max_subscriptions in the stream's config, as
+    this node holds it (on the primary, the one it serves)."""
+    def limit_of(name: str) -> int:
+        stream = engine.streams.get(name)
+        return int(stream.config.max_subscriptions) if stream is not None else 0
+    return StreamSubscriptions(limit_of)
 
 
 def clustered(*, engine: StreamEngine, manager: ConsumerManager, cluster: ClusterNode,
@@ -64,7 +77,8 @@ def clustered(*, engine: StreamEngine, manager: ConsumerManager, cluster: Cluste
     where = ClusterRoute(cluster, forwarder)
     streams = StreamOps(engine, metadata=metadata, where=where)
     streams.schedule = ScheduleOps(streams, engine=engine, where=where, clock=clock)
-    consumers = ConsumerOps(manager, metadata=metadata, where=where)
+    consumers = ConsumerOps(manager, metadata=metadata, where=where,
+                            subscriptions=stream_subscriptions(engine))
     consumer_state = ConsumerStateOps(engine=engine, manager=manager, cluster=cluster,
                                       metadata=metadata, where=where)
     topics = TopicOps(streams, consumers, where=where, consumer_state=consumer_state,

@@ -51,11 +51,22 @@ async def server_stream(route: Route, address: str | None, call: Forward[Resp], 
                         via: Call, local: Callable[[], AsyncIterator[Resp]]
                         ) -> AsyncIterator[Resp]:
     if address is None or route.forwarder is None:
-        async for item in local():
-            yield item
+        items = local()
+        try:
+            async for item in items:
+                yield item
+        finally:  # closed with this one (a generator left open would end only when collected)
+            await maybe_aclose(items)
         return
     async for item in route.forwarder.server_stream(address, call, request, via):
         yield item
+
+
+async def maybe_aclose(items: AsyncIterator[Any]) -> None:
+    """Closes an async generator (what else an AsyncIterator is needs no closing)."""
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()
 
 
 async def client_stream(route: Route, address: str, call: Forward[Resp],

@@ -147,17 +147,29 @@ def _refused(message: str) -> RaftlogError:
     return RaftlogError(Reason.UNAUTHENTICATED, message)
 
 
+def _not_loaded() -> RaftlogError:
+    return RaftlogError(Reason.CATCHING_UP, "this node has not applied its users again since "
+                        "it started, so it cannot tell yet whether authentication is on; retry",
+                        retry_after_ms=limits.catching_up_retry_after_ms)
+
+
 # ------------------------------------------------------------------------------ authenticating
 
 class Authenticator:
     """Turns a call's credentials into an Identity, against the users the metadata holds."""
 
     def __init__(self, *, users: Users, credential: Credential, subjects_of: Subjects,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None,
+                 users_loaded: Callable[[], bool] | None = None) -> None:
+        """`users_loaded()`: the metadata this node held when it (re)started is applied again
+        (default: always). Until then an empty user list may be users not replayed yet, not
+        authentication off: such a call is CATCHING_UP, unless it carries the cluster
+        credential."""
         self._users = users
         self._credential = credential
         self._subjects_of = subjects_of
         self._clock = clock or SystemClock()
+        self._users_loaded = users_loaded or (lambda: True)
 
     def identify(self, method: str, metadata: Iterable[tuple[str, Any]],
                  tls_subjects: Iterable[str] = ()) -> Identity:
@@ -170,11 +182,13 @@ class Authenticator:
         forwarded = headers.get(IDENTITY_HEADER)
         if forwarded is not None:
             return self._forwarded(forwarded, method, users)
-        if not users:
+        if not users and self._users_loaded():
             return SYSTEM
         admin = headers.get(ADMIN_TOKEN_HEADER)
         if admin is not None and self._admin(admin, method):
             return SYSTEM
+        if not users:
+            raise _not_loaded()
         authorization = headers.get(AUTHORIZATION_HEADER, "")
         if authorization[:len(_BEARER)].lower() == _BEARER:
             return self._bearer(authorization[len(_BEARER):].strip(), users)
@@ -210,6 +224,8 @@ class Authenticator:
             user = users.get(principal[len(_USER_PRINCIPAL):])
             if user is not None:
                 return self._as(user, forwarded=True)
+            if not users and not self._users_loaded():
+                raise _not_loaded()
         raise _refused(f"the forwarded identity {principal!r} names no user")
 
     def _bearer(self, token: str, users: Mapping[str, raft_pb2.UserRecord]) -> Identity:

@@ -8,11 +8,17 @@ failed, cancelled by the client or by the server's shutdown).
 
 Relayed calls count: the operations relay them inside the servicer, which the interceptor wraps:
 `grpc.aio.server(interceptors=[MalformedRequestInterceptor(), SubscriptionLimitInterceptor()])`.
+
+`StreamSubscriptions` counts the same calls per stream where they are served, on the stream's
+primary (node/ops/consumers.py takes a slot around the events it serves; a relaying node serves
+none, so a forwarded call counts once), against the stream's `max_subscriptions`
+(docs/quotas.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -85,3 +91,37 @@ class SubscriptionLimitInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[
                 self.slots.give_back()
 
         return held
+
+
+class StreamSubscriptions:
+    """Subscriptions served here, per stream, against each stream's `max_subscriptions`
+    (`limit_of(stream)`, 0 = none); single-threaded (the event loop). Every subscription is
+    counted, limited or not, so a limit set later applies to those already open; a stream
+    leaves the table when its last one ends."""
+
+    def __init__(self, limit_of: Callable[[str], int]) -> None:
+        self._limit_of = limit_of
+        self._open: dict[str, int] = {}
+
+    def open(self, stream: str) -> int:
+        return self._open.get(stream, 0)
+
+    def take(self, stream: str) -> Callable[[], None]:
+        """Holds one subscription of `stream` and answers what gives it back (call it once,
+        when the subscription ends), or raises TOO_MANY_SUBSCRIPTIONS holding nothing."""
+        taken, limit = self.open(stream), self._limit_of(stream)
+        if limit and taken >= limit:
+            raise RaftlogError(
+                Reason.TOO_MANY_SUBSCRIPTIONS,
+                f"stream {stream!r} has {taken} subscriptions open, its max_subscriptions "
+                f"({limit}); end one, or retry later", stream=stream, limit=limit,
+                retry_after_ms=limits.subscriptions_retry_after_ms)
+        self._open[stream] = taken + 1
+        return functools.partial(self._give_back, stream)
+
+    def _give_back(self, stream: str) -> None:
+        left = self._open.get(stream, 0) - 1
+        if left > 0:
+            self._open[stream] = left
+        else:
+            self._open.pop(stream, None)

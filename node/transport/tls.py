@@ -189,11 +189,15 @@ def add_port(server: grpc.aio.Server, address: str, tls: CertificateFiles | None
     """Listens on `address` with TLS (plaintext when `tls` is None, with one warning line
     when the address is reachable from other machines); returns the port, 0 on failure.
     `what` names the listener in the warning."""
-    if tls is None:
-        if not is_loopback(address):
-            log.warning("the %s on %s is plaintext: anyone on the network can read and send "
-                        "its calls; give the node --tls-cert, --tls-key and --tls-ca "
-                        "(docs/tls.md)", what, address)
-        return int(server.add_insecure_port(address))
-    return int(server.add_secure_port(
-        address, tls.server_credentials(require_client_cert=require_client_cert)))
+    credentials = (None if tls is None
+                   else tls.server_credentials(require_client_cert=require_client_cert))
+    if credentials is None and not is_loopback(address):
+        log.warning("the %s on %s is plaintext: anyone on the network can read and send "
+                    "its calls; give the node --tls-cert, --tls-key and --tls-ca "
+                    "(docs/tls.md)", what, address)
+    try:
+        if credentials is None:
+            return int(server.add_insecure_port(address))
+        return int(server.add_secure_port(address, credentials))
+    except RuntimeError:  # grpcio raises where older versions returned 0: nothing was bound
+        return 0

@@ -1,8 +1,9 @@
 """Subscribe bounds without node processes: the subscription slots (node/transport/subscriptions.py)
 on an in-process grpc.aio server with two slots (a call beyond them is refused with
 TOO_MANY_SUBSCRIPTIONS before its handler runs, and a slot comes back however a call ends), and the
-bytes cap a Subscribe passes to ConsumerManager.fetch. The multi-process version is in
-tests/process/test_subscribe_bounds.py."""
+bytes cap a Subscribe passes to ConsumerManager.fetch; and a stream's max_subscriptions, counted by
+the consumer operations that serve a Subscribe (StreamSubscriptions). The multi-process versions
+are in tests/process/test_subscribe_bounds.py and test_quotas.py."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.consumers.manager import ConsumerManager
 from raftlog.node.consumers.store import MemoryConsumerStore
 from raftlog.node.engine.log import MemoryStreamLog
+from raftlog.node.ops.consumers import ConsumerOps
+from raftlog.node.ops.metadata import LocalConsumerMetadata
+from raftlog.node.ops.route import LocalRoute
 from raftlog.node.transport import rpc
-from raftlog.node.transport.subscriptions import SubscriptionLimitInterceptor, SubscriptionSlots
+from raftlog.node.transport.calls import Call
+from raftlog.node.transport.subscriptions import (
+    StreamSubscriptions,
+    SubscriptionLimitInterceptor,
+    SubscriptionSlots,
+)
 from raftlog.v1 import consumers_pb2, types_pb2
 
 METHOD = "/test.Subs/Subscribe"
@@ -145,3 +154,51 @@ def test_fetch_with_bytes_max_stops_at_the_cap(sizes: list[int], expected: int) 
         return len(messages)
 
     assert asyncio.run(asyncio.wait_for(scenario(), timeout=10)) == expected
+
+
+def test_a_streams_subscriptions_are_counted_while_served_and_bounded() -> None:
+    """With max_subscriptions 1: a second Subscribe of the stream is refused before any
+    event, another stream's is served, a refused or invalid one holds nothing, and the slot
+    comes back when the first ends, whether it is closed or its task is cancelled."""
+    limits_by_stream = {"s": 1, "t": 0}
+
+    async def scenario() -> None:
+        manager = ConsumerManager(store=MemoryConsumerStore(), clock=FakeClock())
+        for name in limits_by_stream:
+            manager.attach_stream(MemoryStreamLog(name=name),
+                                  retention=types_pb2.RETENTION_POLICY_LIMITS, subjects=())
+            await manager.create(name, consumers_pb2.ConsumerConfig(name="c"))
+        counts = StreamSubscriptions(lambda stream: limits_by_stream[stream])
+        ops = ConsumerOps(manager, metadata=LocalConsumerMetadata(manager), where=LocalRoute(),
+                          subscriptions=counts)
+
+        def events(stream: str, heartbeat_ms: int = 100) -> Any:
+            return ops.subscribe(consumers_pb2.SubscribeRequest(
+                stream=stream, consumer="c", heartbeat_ms=heartbeat_ms), Call())
+
+        first = events("s")
+        assert (await anext(first)).HasField("heartbeat") and counts.open("s") == 1
+        with pytest.raises(RaftlogError) as caught:
+            await anext(events("s"))
+        assert caught.value.reason is Reason.TOO_MANY_SUBSCRIPTIONS
+        assert caught.value.metadata["stream"] == "s" and caught.value.metadata["limit"] == "1"
+        with pytest.raises(RaftlogError):  # invalid before it is served: takes no slot
+            await anext(events("s", heartbeat_ms=1))
+        other = events("t")
+        assert (await anext(other)).HasField("heartbeat") and counts.open("t") == 1
+        assert counts.open("s") == 1
+        await first.aclose()
+        await other.aclose()
+        assert counts.open("s") == 0 and counts.open("t") == 0
+
+        async def read_all() -> None:
+            async for _ in events("s"):
+                pass
+
+        task = asyncio.ensure_future(read_all())
+        await _until(lambda: counts.open("s") == 1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert counts.open("s") == 0
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))

@@ -339,3 +339,79 @@ def test_node_limit_trips_and_recovers(cluster: LocalCluster, node: int, held_ma
         held.close()
     wait_until(lambda: served(address, reason), recover_timeout_s, interval_s=0.2,
                what="a slot frees up")
+
+
+def raftlog_cli(cluster: LocalCluster, *args: str) -> dict[str, Any]:
+    env = {**os.environ, "RAFTLOG_SERVER": cluster.address(1)}
+    done = subprocess.run([str(Path(sys.executable).parent / "raftlog"), *args, "--json"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    return document
+
+
+def stream_refusal(address: str, stream: str) -> dict[str, str] | None:
+    """A Subscribe through `address` on a connection of its own, which ends once its consumer
+    is drained: None when served, the metadata when the stream's limit refuses it."""
+    with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
+        stub = consumers_pb2_grpc.ConsumersStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            list(stub.Subscribe(consumers_pb2.SubscribeRequest(
+                stream=stream, consumer="probe", stop_when_empty=True), timeout=call_timeout_s))
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err  # type: ignore[attr-defined]
+            parsed = from_rpc_error(err)  # type: ignore[arg-type]
+            assert parsed is not None and parsed.reason is Reason.TOO_MANY_SUBSCRIPTIONS, err
+            assert parsed.metadata.get("stream") == stream, parsed.metadata  # not a node's
+            return dict(parsed.metadata)
+    return None
+
+
+def test_a_streams_subscription_limit_trips_on_its_primary_through_any_node_and_recovers(
+        cluster: LocalCluster) -> None:
+    """`--max-subscriptions 1` (CLI, held in the config): one Subscribe relayed by a node that
+    is not the primary is served (the relayed call counts once), and while it is open the
+    primary refuses one more that arrives through the other node, which holds nothing of the
+    stream itself; ending it frees the slot; an update raises the limit."""
+    created = raftlog_cli(cluster, "stream", "create", "subs", "--subjects", "subs.>",
+                          "--max-subscriptions", "1")
+    assert created["config"]["max_subscriptions"] == 1, created
+    for name in ("hold", "probe"):
+        cluster.consumers(1).CreateConsumer(consumers_pb2.CreateConsumerRequest(
+            stream="subs", config=consumers_pb2.ConsumerConfig(name=name)),
+            timeout=call_timeout_s)
+    primary = primary_index(cluster, "subs")
+    relay, other = sorted(i for i in cluster.running if i != primary)
+    # Served through a relaying node at a limit of 1: not counted there and on the primary.
+    wait_until(lambda: stream_refusal(cluster.address(relay), "subs") is None,
+               recover_timeout_s, interval_s=0.2, what="a relayed subscription is served")
+    channel = grpc.insecure_channel(cluster.address(relay), options=OWN_CONNECTION)
+    held = consumers_pb2_grpc.ConsumersStub(channel).Subscribe(  # type: ignore[no-untyped-call]
+        consumers_pb2.SubscribeRequest(stream="subs", consumer="hold", heartbeat_ms=30_000),
+        timeout=120)
+    try:
+        refusals: list[dict[str, str]] = []
+
+        def trips() -> bool:
+            refusal = stream_refusal(cluster.address(other), "subs")
+            refusals.extend([refusal] if refusal else [])
+            return refusal is not None
+
+        wait_until(trips, recover_timeout_s, interval_s=0.2,
+                   what="the stream's limit trips through the other node")
+        assert refusals[-1]["limit"] == "1" and int(refusals[-1]["retry_after_ms"]) > 0
+        updated = raftlog_cli(cluster, "stream", "update", "subs", "--max-subscriptions", "2")
+        assert updated["info"]["config"]["max_subscriptions"] == 2, updated
+        wait_until(lambda: stream_refusal(cluster.address(other), "subs") is None,
+                   recover_timeout_s, interval_s=0.2, what="a raised limit lets one more in")
+        raftlog_cli(cluster, "stream", "update", "subs", "--max-subscriptions", "1")
+        wait_until(lambda: stream_refusal(cluster.address(other), "subs") is not None,
+                   recover_timeout_s, interval_s=0.2, what="the lowered limit trips again")
+    finally:
+        held.cancel()
+        channel.close()
+    wait_until(lambda: stream_refusal(cluster.address(other), "subs") is None,
+               recover_timeout_s, interval_s=0.2, what="the slot comes back")
+    info = cluster.streams(other).GetStreamInfo(streams_pb2.GetStreamInfoRequest(name="subs"),
+                                                timeout=call_timeout_s)
+    assert info.config.max_subscriptions == 1

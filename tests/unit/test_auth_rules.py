@@ -146,3 +146,35 @@ def test_an_identity_checks_publish_subscribe_and_admin() -> None:
         identity.require_admin("stream")
     auth.SYSTEM.require_admin("cluster")
     auth.SYSTEM.require_publish("anything")
+
+
+def test_before_its_users_are_applied_again_a_node_does_not_take_no_users_for_auth_off() -> None:
+    """Right after a restart the metadata may not hold its users yet (pysyncobj applies the
+    journal again on its own thread): every call is CATCHING_UP, not served as the system,
+    except one with the cluster credential; once loaded, the users decide as usual."""
+    loaded = [False]
+
+    def with_users(users: dict[str, raft_pb2.UserRecord]) -> auth.Authenticator:
+        return auth.Authenticator(users=lambda: users, credential=Credential(SECRET),
+                                  subjects_of=lambda stream, consumer: [">"],
+                                  users_loaded=lambda: loaded[0])
+
+    def reason(users: dict[str, raft_pb2.UserRecord], metadata: list[tuple[str, str]]
+               ) -> Reason | None:
+        try:
+            with_users(users).identify(PUBLISH, metadata)
+        except RaftlogError as err:
+            assert err.reason is not Reason.CATCHING_UP or int(err.metadata["retry_after_ms"]) > 0
+            return err.reason
+        return None
+
+    forwarded = Credential(SECRET).token(principal="user-eu", method=PUBLISH)
+    admin = Credential(SECRET).token(principal="admin", method=PUBLISH)
+    assert reason({}, []) is Reason.CATCHING_UP
+    assert reason({}, [("authorization", "Bearer t")]) is Reason.CATCHING_UP
+    assert reason({}, [(auth.IDENTITY_HEADER, forwarded)]) is Reason.CATCHING_UP
+    assert reason({}, [(ADMIN_TOKEN_HEADER, admin)]) is None
+    assert reason(users_with("t"), []) is Reason.UNAUTHENTICATED  # users known: as usual
+    loaded[0] = True
+    assert with_users({}).identify(PUBLISH, []) is auth.SYSTEM
+    assert reason({}, [(auth.IDENTITY_HEADER, forwarded)]) is Reason.UNAUTHENTICATED

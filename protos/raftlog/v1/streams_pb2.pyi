@@ -78,6 +78,7 @@ class UpdateStreamRequest(_message.Message):
     MAX_MSGS_PER_S_FIELD_NUMBER: _builtins.int
     MAX_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     DISCARD_FIELD_NUMBER: _builtins.int
+    MAX_SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     max_age_ms: _builtins.int
     max_msgs: _builtins.int
@@ -91,6 +92,8 @@ class UpdateStreamRequest(_message.Message):
     """The publish quotas (StreamConfig); 0 lifts one."""
     max_bytes_per_s: _builtins.int
     discard: _types_pb2.DiscardPolicy.ValueType
+    max_subscriptions: _builtins.int
+    """The stream's limit on open subscriptions (StreamConfig); 0 lifts it."""
     @_builtins.property
     def subjects(self) -> Global___SubjectList: ...
     def __init__(
@@ -109,10 +112,11 @@ class UpdateStreamRequest(_message.Message):
         max_msgs_per_s: _builtins.int | None = ...,
         max_bytes_per_s: _builtins.int | None = ...,
         discard: _types_pb2.DiscardPolicy.ValueType | None = ...,
+        max_subscriptions: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_discard", b"_discard", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_bytes_per_s", b"_max_bytes_per_s", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_s", b"_max_msgs_per_s", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_discard", b"_discard", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_bytes_per_s", b"_max_bytes_per_s", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_s", b"_max_msgs_per_s", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_max_subscriptions", b"_max_subscriptions", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "max_subscriptions", b"max_subscriptions", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_discard", b"_discard", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_bytes_per_s", b"_max_bytes_per_s", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_s", b"_max_msgs_per_s", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "name", b"name", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms", "_description", b"_description", "_discard", b"_discard", "_max_age_ms", b"_max_age_ms", "_max_bytes", b"_max_bytes", "_max_bytes_per_s", b"_max_bytes_per_s", "_max_msg_bytes", b"_max_msg_bytes", "_max_msgs", b"_max_msgs", "_max_msgs_per_s", b"_max_msgs_per_s", "_max_msgs_per_subject", b"_max_msgs_per_subject", "_max_subscriptions", b"_max_subscriptions", "_replicas", b"_replicas", "dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "max_subscriptions", b"max_subscriptions", "name", b"name", "replicas", b"replicas", "subjects", b"subjects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__dedupe_window_ms: _TypeAlias = _typing.Literal["dedupe_window_ms"]  # noqa: Y015
     _WhichOneofArgType__dedupe_window_ms: _TypeAlias = _typing.Literal["_dedupe_window_ms", b"_dedupe_window_ms"]  # noqa: Y015
@@ -134,6 +138,8 @@ class UpdateStreamRequest(_message.Message):
     _WhichOneofArgType__max_msgs_per_s: _TypeAlias = _typing.Literal["_max_msgs_per_s", b"_max_msgs_per_s"]  # noqa: Y015
     _WhichOneofReturnType__max_msgs_per_subject: _TypeAlias = _typing.Literal["max_msgs_per_subject"]  # noqa: Y015
     _WhichOneofArgType__max_msgs_per_subject: _TypeAlias = _typing.Literal["_max_msgs_per_subject", b"_max_msgs_per_subject"]  # noqa: Y015
+    _WhichOneofReturnType__max_subscriptions: _TypeAlias = _typing.Literal["max_subscriptions"]  # noqa: Y015
+    _WhichOneofArgType__max_subscriptions: _TypeAlias = _typing.Literal["_max_subscriptions", b"_max_subscriptions"]  # noqa: Y015
     _WhichOneofReturnType__replicas: _TypeAlias = _typing.Literal["replicas"]  # noqa: Y015
     _WhichOneofArgType__replicas: _TypeAlias = _typing.Literal["_replicas", b"_replicas"]  # noqa: Y015
     @_typing.overload
@@ -156,6 +162,8 @@ class UpdateStreamRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msgs_per_s) -> _WhichOneofReturnType__max_msgs_per_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msgs_per_subject) -> _WhichOneofReturnType__max_msgs_per_subject | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_subscriptions) -> _WhichOneofReturnType__max_subscriptions | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__replicas) -> _WhichOneofReturnType__replicas | None: ...
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16raftlog/v1/types.proto\x12\nraftlog.v1\"$\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xc4\x03\n\x0cStreamConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08subjects\x18\x02 \x03(\t\x12.\n\tretention\x18\x03 \x01(\x0e\x32\x1b.raftlog.v1.RetentionPolicy\x12\x12\n\nmax_age_ms\x18\x04 \x01(\x04\x12\x10\n\x08max_msgs\x18\x05 \x01(\x04\x12\x11\n\tmax_bytes\x18\x06 \x01(\x04\x12\x1c\n\x14max_msgs_per_subject\x18\x07 \x01(\x04\x12\x15\n\rmax_msg_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x64\x65\x64upe_window_ms\x18\t \x01(\x04\x12\x10\n\x08replicas\x18\n \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\x12)\n\x07sources\x18\x0c \x03(\x0b\x32\x18.raftlog.v1.StreamSource\x12-\n\tpartition\x18\r \x01(\x0b\x32\x1a.raftlog.v1.TopicPartition\x12\x16\n\x0emax_msgs_per_s\x18\x0e \x01(\x04\x12\x17\n\x0fmax_bytes_per_s\x18\x0f \x01(\x04\x12*\n\x07\x64iscard\x18\x10 \x01(\x0e\x32\x19.raftlog.v1.DiscardPolicy\"=\n\x0eTopicPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"?\n\x10SubjectTransform\x12\x16\n\x0esource_pattern\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\"\xf6\x01\n\x0cStreamSource\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x16\n\x0e\x66ilter_subject\x18\x02 \x01(\t\x12\x11\n\tstart_seq\x18\x03 \x01(\x04\x12\x15\n\rstart_time_ms\x18\x04 \x01(\x03\x12\x37\n\x11subject_transform\x18\x05 \x01(\x0b\x32\x1c.raftlog.v1.SubjectTransform\x12\x1c\n\x14max_initial_backfill\x18\x06 \x01(\x04\x12)\n\x07on_drop\x18\x07 \x01(\x0e\x32\x18.raftlog.v1.SourceOnDrop\x12\x12\n\ndlq_stream\x18\x08 \x01(\t\"\x93\x02\n\x0cSourceStatus\x12\x17\n\x0fsourcing_stream\x18\x01 \x01(\t\x12\x15\n\rsource_stream\x18\x02 \x01(\t\x12\x18\n\x10last_sourced_seq\x18\x03 \x01(\x04\x12\x14\n\x0cpulled_total\x18\x04 \x01(\x04\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x18\n\x10last_error_ts_ms\x18\x06 \x01(\x03\x12\x0c\n\x04node\x18\x07 \x01(\t\x12\x10\n\x08next_seq\x18\x08 \x01(\x04\x12\x17\n\x0fsource_last_seq\x18\t \x01(\x04\x12\x16\n\x0e\x61ppended_total\x18\n \x01(\x04\x12\x14\n\x0c\x65rrors_total\x18\x0b \x01(\x04\x12\x0e\n\x06halted\x18\x0c \x01(\x08\"\xb9\x01\n\x0bStreamState\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x10\n\x08messages\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x66irst_ts_ms\x18\x05 \x01(\x03\x12\x12\n\nlast_ts_ms\x18\x06 \x01(\x03\x12\x14\n\x0cnum_subjects\x18\x07 \x01(\x04\x12\x11\n\tconsumers\x18\x08 \x01(\r\x12\x12\n\ncommit_seq\x18\t \x01(\x04\"\xac\x01\n\nStreamInfo\x12(\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x18.raftlog.v1.StreamConfig\x12&\n\x05state\x18\x02 \x01(\x0b\x32\x17.raftlog.v1.StreamState\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12)\n\x07sources\x18\x04 \x03(\x0b\x32\x18.raftlog.v1.SourceStatus\x12\r\n\x05owner\x18\x05 \x01(\t\"\xa3\x01\n\x07Message\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12#\n\x07headers\x18\x04 \x03(\x0b\x32\x12.raftlog.v1.Header\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x0e\n\x06msg_id\x18\x06 \x01(\t\x12\x15\n\rdeliver_count\x18\x07 \x01(\r\x12\x0e\n\x06stream\x18\x08 \x01(\t\"\x9a\x01\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x31\n\x08metadata\x18\x04 \x03(\x0b\x32\x1f.raftlog.v1.Error.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*n\n\x0fRetentionPolicy\x12\x1b\n\x17RETENTION_POLICY_LIMITS\x10\x00\x12\x1f\n\x1bRETENTION_POLICY_WORK_QUEUE\x10\x01\x12\x1d\n\x19RETENTION_POLICY_INTEREST\x10\x02*1\n\rDiscardPolicy\x12\x0f\n\x0b\x44ISCARD_OLD\x10\x00\x12\x0f\n\x0b\x44ISCARD_NEW\x10\x01*S\n\x0cSourceOnDrop\x12\x17\n\x13SOURCE_ON_DROP_HALT\x10\x00\x12*\n&SOURCE_ON_DROP_SKIP_TO_FIRST_AVAILABLE\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16raftlog/v1/types.proto\x12\nraftlog.v1\"$\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xdf\x03\n\x0cStreamConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08subjects\x18\x02 \x03(\t\x12.\n\tretention\x18\x03 \x01(\x0e\x32\x1b.raftlog.v1.RetentionPolicy\x12\x12\n\nmax_age_ms\x18\x04 \x01(\x04\x12\x10\n\x08max_msgs\x18\x05 \x01(\x04\x12\x11\n\tmax_bytes\x18\x06 \x01(\x04\x12\x1c\n\x14max_msgs_per_subject\x18\x07 \x01(\x04\x12\x15\n\rmax_msg_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x64\x65\x64upe_window_ms\x18\t \x01(\x04\x12\x10\n\x08replicas\x18\n \x01(\r\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\x12)\n\x07sources\x18\x0c \x03(\x0b\x32\x18.raftlog.v1.StreamSource\x12-\n\tpartition\x18\r \x01(\x0b\x32\x1a.raftlog.v1.TopicPartition\x12\x16\n\x0emax_msgs_per_s\x18\x0e \x01(\x04\x12\x17\n\x0fmax_bytes_per_s\x18\x0f \x01(\x04\x12*\n\x07\x64iscard\x18\x10 \x01(\x0e\x32\x19.raftlog.v1.DiscardPolicy\x12\x19\n\x11max_subscriptions\x18\x11 \x01(\r\"=\n\x0eTopicPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"?\n\x10SubjectTransform\x12\x16\n\x0esource_pattern\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\"\xf6\x01\n\x0cStreamSource\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x16\n\x0e\x66ilter_subject\x18\x02 \x01(\t\x12\x11\n\tstart_seq\x18\x03 \x01(\x04\x12\x15\n\rstart_time_ms\x18\x04 \x01(\x03\x12\x37\n\x11subject_transform\x18\x05 \x01(\x0b\x32\x1c.raftlog.v1.SubjectTransform\x12\x1c\n\x14max_initial_backfill\x18\x06 \x01(\x04\x12)\n\x07on_drop\x18\x07 \x01(\x0e\x32\x18.raftlog.v1.SourceOnDrop\x12\x12\n\ndlq_stream\x18\x08 \x01(\t\"\x93\x02\n\x0cSourceStatus\x12\x17\n\x0fsourcing_stream\x18\x01 \x01(\t\x12\x15\n\rsource_stream\x18\x02 \x01(\t\x12\x18\n\x10last_sourced_seq\x18\x03 \x01(\x04\x12\x14\n\x0cpulled_total\x18\x04 \x01(\x04\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x18\n\x10last_error_ts_ms\x18\x06 \x01(\x03\x12\x0c\n\x04node\x18\x07 \x01(\t\x12\x10\n\x08next_seq\x18\x08 \x01(\x04\x12\x17\n\x0fsource_last_seq\x18\t \x01(\x04\x12\x16\n\x0e\x61ppended_total\x18\n \x01(\x04\x12\x14\n\x0c\x65rrors_total\x18\x0b \x01(\x04\x12\x0e\n\x06halted\x18\x0c \x01(\x08\"\xb9\x01\n\x0bStreamState\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x10\n\x08messages\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x66irst_ts_ms\x18\x05 \x01(\x03\x12\x12\n\nlast_ts_ms\x18\x06 \x01(\x03\x12\x14\n\x0cnum_subjects\x18\x07 \x01(\x04\x12\x11\n\tconsumers\x18\x08 \x01(\r\x12\x12\n\ncommit_seq\x18\t \x01(\x04\"\xac\x01\n\nStreamInfo\x12(\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x18.raftlog.v1.StreamConfig\x12&\n\x05state\x18\x02 \x01(\x0b\x32\x17.raftlog.v1.StreamState\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\x12)\n\x07sources\x18\x04 \x03(\x0b\x32\x18.raftlog.v1.SourceStatus\x12\r\n\x05owner\x18\x05 \x01(\t\"\xa3\x01\n\x07Message\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\r\n\x05ts_ms\x18\x03 \x01(\x03\x12#\n\x07headers\x18\x04 \x03(\x0b\x32\x12.raftlog.v1.Header\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x0e\n\x06msg_id\x18\x06 \x01(\t\x12\x15\n\rdeliver_count\x18\x07 \x01(\r\x12\x0e\n\x06stream\x18\x08 \x01(\t\"\x9a\x01\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x31\n\x08metadata\x18\x04 \x03(\x0b\x32\x1f.raftlog.v1.Error.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*n\n\x0fRetentionPolicy\x12\x1b\n\x17RETENTION_POLICY_LIMITS\x10\x00\x12\x1f\n\x1bRETENTION_POLICY_WORK_QUEUE\x10\x01\x12\x1d\n\x19RETENTION_POLICY_INTEREST\x10\x02*1\n\rDiscardPolicy\x12\x0f\n\x0b\x44ISCARD_OLD\x10\x00\x12\x0f\n\x0b\x44ISCARD_NEW\x10\x01*S\n\x0cSourceOnDrop\x12\x17\n\x13SOURCE_ON_DROP_HALT\x10\x00\x12*\n&SOURCE_ON_DROP_SKIP_TO_FIRST_AVAILABLE\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERROR_METADATAENTRY']._loaded_options = None
   _globals['_ERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_RETENTIONPOLICY']._serialized_start=1872
-  _globals['_RETENTIONPOLICY']._serialized_end=1982
-  _globals['_DISCARDPOLICY']._serialized_start=1984
-  _globals['_DISCARDPOLICY']._serialized_end=2033
-  _globals['_SOURCEONDROP']._serialized_start=2035
-  _globals['_SOURCEONDROP']._serialized_end=2118
+  _globals['_RETENTIONPOLICY']._serialized_start=1899
+  _globals['_RETENTIONPOLICY']._serialized_end=2009
+  _globals['_DISCARDPOLICY']._serialized_start=2011
+  _globals['_DISCARDPOLICY']._serialized_end=2060
+  _globals['_SOURCEONDROP']._serialized_start=2062
+  _globals['_SOURCEONDROP']._serialized_end=2145
   _globals['_HEADER']._serialized_start=38
   _globals['_HEADER']._serialized_end=74
   _globals['_STREAMCONFIG']._serialized_start=77
-  _globals['_STREAMCONFIG']._serialized_end=529
-  _globals['_TOPICPARTITION']._serialized_start=531
-  _globals['_TOPICPARTITION']._serialized_end=592
-  _globals['_SUBJECTTRANSFORM']._serialized_start=594
-  _globals['_SUBJECTTRANSFORM']._serialized_end=657
-  _globals['_STREAMSOURCE']._serialized_start=660
-  _globals['_STREAMSOURCE']._serialized_end=906
-  _globals['_SOURCESTATUS']._serialized_start=909
-  _globals['_SOURCESTATUS']._serialized_end=1184
-  _globals['_STREAMSTATE']._serialized_start=1187
-  _globals['_STREAMSTATE']._serialized_end=1372
-  _globals['_STREAMINFO']._serialized_start=1375
-  _globals['_STREAMINFO']._serialized_end=1547
-  _globals['_MESSAGE']._serialized_start=1550
-  _globals['_MESSAGE']._serialized_end=1713
-  _globals['_ERROR']._serialized_start=1716
-  _globals['_ERROR']._serialized_end=1870
-  _globals['_ERROR_METADATAENTRY']._serialized_start=1823
-  _globals['_ERROR_METADATAENTRY']._serialized_end=1870
+  _globals['_STREAMCONFIG']._serialized_end=556
+  _globals['_TOPICPARTITION']._serialized_start=558
+  _globals['_TOPICPARTITION']._serialized_end=619
+  _globals['_SUBJECTTRANSFORM']._serialized_start=621
+  _globals['_SUBJECTTRANSFORM']._serialized_end=684
+  _globals['_STREAMSOURCE']._serialized_start=687
+  _globals['_STREAMSOURCE']._serialized_end=933
+  _globals['_SOURCESTATUS']._serialized_start=936
+  _globals['_SOURCESTATUS']._serialized_end=1211
+  _globals['_STREAMSTATE']._serialized_start=1214
+  _globals['_STREAMSTATE']._serialized_end=1399
+  _globals['_STREAMINFO']._serialized_start=1402
+  _globals['_STREAMINFO']._serialized_end=1574
+  _globals['_MESSAGE']._serialized_start=1577
+  _globals['_MESSAGE']._serialized_end=1740
+  _globals['_ERROR']._serialized_start=1743
+  _globals['_ERROR']._serialized_end=1897
+  _globals['_ERROR_METADATAENTRY']._serialized_start=1850
+  _globals['_ERROR_METADATAENTRY']._serialized_end=1897
 # @@protoc_insertion_point(module_scope)

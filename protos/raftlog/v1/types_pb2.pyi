@@ -138,6 +138,7 @@ class StreamConfig(_message.Message):
     MAX_MSGS_PER_S_FIELD_NUMBER: _builtins.int
     MAX_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     DISCARD_FIELD_NUMBER: _builtins.int
+    MAX_SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1-128 characters from [A-Za-z0-9_-]."""
     retention: Global___RetentionPolicy.ValueType
@@ -161,6 +162,11 @@ class StreamConfig(_message.Message):
     max_bytes_per_s: _builtins.int
     discard: Global___DiscardPolicy.ValueType
     """What a publish past max_msgs or max_bytes does (docs/quotas.md)."""
+    max_subscriptions: _builtins.int
+    """Subscribe calls (raftlog.v1 and Waymaker) open on the stream at once, counted by the
+    stream's primary, which serves them (a forwarded one counts once); 0 = no limit. One more
+    is RESOURCE_EXHAUSTED / TOO_MANY_SUBSCRIPTIONS with `retry_after_ms` (docs/quotas.md).
+    """
     @_builtins.property
     def subjects(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Subject patterns (NATS wildcards `*` and `>`) the stream accepts; empty = any subject."""
@@ -192,10 +198,11 @@ class StreamConfig(_message.Message):
         max_msgs_per_s: _builtins.int = ...,
         max_bytes_per_s: _builtins.int = ...,
         discard: Global___DiscardPolicy.ValueType = ...,
+        max_subscriptions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "name", b"name", "partition", b"partition", "replicas", b"replicas", "retention", b"retention", "sources", b"sources", "subjects", b"subjects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedupe_window_ms", b"dedupe_window_ms", "description", b"description", "discard", b"discard", "max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "max_bytes_per_s", b"max_bytes_per_s", "max_msg_bytes", b"max_msg_bytes", "max_msgs", b"max_msgs", "max_msgs_per_s", b"max_msgs_per_s", "max_msgs_per_subject", b"max_msgs_per_subject", "max_subscriptions", b"max_subscriptions", "name", b"name", "partition", b"partition", "replicas", b"replicas", "retention", b"retention", "sources", b"sources", "subjects", b"subjects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
