@@ -16,7 +16,8 @@ Decided:
   unavailability. It is reported as `majority_cut_s`.
 - Recovery counts a write INVOKED after the event (a write in flight at a kill that completes
   just after it says nothing about the new primary); a fault followed by no acknowledged
-  write is unrecovered (None), and left out of the percentiles.
+  write is unrecovered (None), and left out of the percentiles. An event after the last write
+  was invoked (a heal once the writers stopped) is not judged: no write could show a recovery.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from raftlog.chaos.events import (
     STOP,
     HistoryFormatError,
     Op,
+    OpType,
     get_bool,
     get_str,
 )
@@ -203,6 +205,9 @@ def _recoveries(history: Sequence[Op], acked: Sequence[Call],
                 instant_faults: frozenset[str]) -> tuple[Recovery, ...]:
     connected = [(op.t, get_bool(op.value, "majority", True))
                  for _pos, op in events(history, process=CLUSTER, f=CONNECTED)]
+    invoked_t = [op.t for op in history
+                 if not op.is_event and op.f in WRITE_FS and op.type == OpType.INVOKE]
+    last_invoke_t = max(invoked_t, default=math.inf)
     by_invoke = sorted(acked, key=lambda call: call.invoke_pos)
     invoke_positions = [call.invoke_pos for call in by_invoke]
     first_done: list[Call | None] = [None] * (len(by_invoke) + 1)  # suffix: earliest to end
@@ -215,7 +220,7 @@ def _recoveries(history: Sequence[Op], acked: Sequence[Call],
         phase = get_str(op.value, "phase")
         if phase not in (START, STOP):
             raise HistoryFormatError(f"{op}: phase must be {START} or {STOP}")
-        if phase == START and op.f not in instant_faults:
+        if (phase == START and op.f not in instant_faults) or op.t >= last_invoke_t:
             continue
         first = first_done[bisect.bisect_right(invoke_positions, pos)]
         recover_s = None if first is None else first.end_t - op.t

@@ -562,6 +562,18 @@ def test_a_write_in_flight_at_a_kill_does_not_count_as_recovery() -> None:
     assert _ops(*recovery.ops) == _ops(kill, after)
 
 
+def test_a_fault_before_the_last_write_is_judged_and_a_heal_after_it_is_not() -> None:
+    h = History()
+    h.publish("p1", "a", t=0.5, done=1.0, seq=1)
+    h.nemesis("kill", START, t=2.0)
+    h.publish("p1", "b", t=2.5, done=3.0, outcome=OpType.FAIL)  # the last write invoked
+    h.nemesis("partition", STOP, t=3.5, targets=("n1",))  # a heal once the writers stopped
+    measured = checks.measure_availability(h.ops, instant_faults=frozenset({"kill"}))
+    assert [(r.fault, r.phase, r.recover_s) for r in measured.recoveries] == [
+        ("kill", START, None)]
+    assert measured.unrecovered == 1
+
+
 def test_a_window_longer_than_the_bound_with_a_majority_is_unavailable() -> None:
     found = checks.check_availability(_outage_history().ops, window_s_max=0.9)
     assert [(x.kind, "t=1.500..3.000" in x.description) for x in found] == [
