@@ -40,10 +40,6 @@ def _seqs(seqs: Sequence[int]) -> Sequence[int]:
     return seqs
 
 
-def _nothing() -> None:
-    return None
-
-
 def _ack_response(seqs: Sequence[int], settled: Settled) -> consumers_pb2.AckResponse:
     """One result per requested seq, in request order; a refused seq carries its error."""
     refused = {seq: rpc.to_error_pb(error) for seq, error in settled.refused.items()}
@@ -56,11 +52,11 @@ class ConsumerOps:
     def __init__(self, manager: ConsumerManager, *, metadata: ConsumerMetadata,
                  where: Route, subscriptions: StreamSubscriptions | None = None) -> None:
         """`subscriptions`: the streams' open subscriptions served here, against their
-        max_subscriptions (None: not counted)."""
+        max_subscriptions (None: counted, with no stream limited)."""
         self._manager = manager
         self._metadata = metadata
         self._where = where
-        self._subscriptions = subscriptions
+        self._subscriptions = subscriptions or StreamSubscriptions(lambda _stream: 0)
 
     async def _on_primary(self, call: Forward[Resp], request: Any, via: Call,
                           local: Callable[[], Awaitable[Resp]], *, consumer: str = "") -> Resp:
@@ -179,8 +175,7 @@ class ConsumerOps:
 
         async def local() -> AsyncIterator[consumers_pb2.SubscribeEvent]:
             # Served here, on the primary: the stream's slot (a relaying node takes none).
-            give_back = (self._subscriptions.take(request.stream)
-                         if self._subscriptions is not None else _nothing)
+            give_back = self._subscriptions.take(request.stream)
             try:
                 async for event in subscription.events():
                     yield event
