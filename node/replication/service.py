@@ -26,6 +26,7 @@ from raftlog.node.engine.stream import ROLE_PRIMARY, Stream
 from raftlog.node.engine.streams import StreamEngine
 from raftlog.node.transport import logctx, rpc
 from raftlog.node.transport.credentials import Credential
+from raftlog.node.transport.malformed import MalformedFrameError
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +100,17 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         slots = asyncio.Semaphore(limits.replicate_requests_waiting_max)
 
         async def read() -> None:
-            async for request in request_iterator:
-                if not primaries and request.primary:
-                    primaries.append(request.primary)
-                    self._calls.setdefault(request.primary, []).append(queue)
-                await slots.acquire()
-                queue.put_nowait(request)
-            queue.put_nowait(None)
+            try:
+                async for request in request_iterator:
+                    if not primaries and request.primary:
+                        primaries.append(request.primary)
+                        self._calls.setdefault(request.primary, []).append(queue)
+                    await slots.acquire()
+                    queue.put_nowait(request)
+            except MalformedFrameError:
+                pass  # the call is refused when this generator ends (transport/malformed.py)
+            finally:  # the call ends after the last frame, or a frame that did not parse
+                queue.put_nowait(None)
 
         def take() -> replication_pb2.ReplicateRequest | replication_pb2.ReplicateAck | None:
             item = queue.get_nowait()

@@ -9,6 +9,13 @@ instead of raising, and its behaviour ends the call when it meets one: for a una
 before the servicer (or any handler further in) runs, for a streamed request when the servicer
 reaches the bad frame. Frames before it were read as usual; nothing after it is.
 
+A streamed request may be read by a task of the servicer's own (PublishFrames' reader, the
+Replicate and Telemetry readers) while the handler task writes answers on the same call. The
+error status is then never sent from that task: sending it beside a message in flight lost the
+status now and then, and the client waited for its deadline. The reader notes the bad frame
+and stops with MalformedFrameError; the call is refused in the handler task, once the servicer
+lets that error through or ends, whichever comes first.
+
 Install it on any grpc.aio server, outside every other interceptor that reads the request,
 i.e. first in the list:
 
@@ -87,26 +94,65 @@ def _unary_request(method: str, behaviour: Callable[..., Any]) -> Callable[..., 
     return unary_out
 
 
-async def _checked(requests: AsyncIterator[Any], context: Context, method: str
-                   ) -> AsyncIterator[Any]:
-    async for request in requests:
-        if isinstance(request, MalformedRequest):
-            await refuse(context, method, request)
-        yield request
+class MalformedFrameError(grpc.aio.AbortError):  # type: ignore[misc]
+    """Raised to a task other than the handler's that read a bad frame: the call is refused
+    in the handler task. An AbortError, so that every layer lets it through as it would a
+    call already ended."""
+
+    def __init__(self, bad: MalformedRequest) -> None:
+        super().__init__(bad.problem)
+        self.bad = bad
+
+
+@dataclass(slots=True)
+class _StreamedCall:
+    """One call with a streamed request: whom to refuse, from which task, and the bad frame
+    a task other than the handler's met."""
+
+    method: str
+    context: Context
+    handler: asyncio.Task[Any] | None
+    bad: MalformedRequest | None = None
+
+    async def checked(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            if isinstance(request, MalformedRequest):
+                if asyncio.current_task() is self.handler:
+                    await refuse(self.context, self.method, request)
+                self.bad = request
+                raise MalformedFrameError(request)
+            yield request
+
+    async def refuse_noted(self) -> None:
+        """Refuses the call if a reader met a bad frame (raises AbortError)."""
+        if self.bad is not None:
+            await refuse(self.context, self.method, self.bad)
 
 
 def _streamed_request(method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behaviour):
         async def stream_out(requests: AsyncIterator[Any], context: Context
                              ) -> AsyncIterator[Any]:
-            async with contextlib.aclosing(
-                    behaviour(_checked(requests, context, method), context)) as responses:
-                async for response in responses:
-                    yield response
+            call = _StreamedCall(method, context, asyncio.current_task())
+            try:
+                async with contextlib.aclosing(
+                        behaviour(call.checked(requests), context)) as responses:
+                    async for response in responses:
+                        yield response  # answers to frames before a bad one may go out
+            except MalformedFrameError:
+                pass
+            await call.refuse_noted()
         return stream_out
 
     async def unary_out(requests: AsyncIterator[Any], context: Context) -> Any:
-        return await behaviour(_checked(requests, context, method), context)
+        call = _StreamedCall(method, context, asyncio.current_task())
+        try:
+            answer = await behaviour(call.checked(requests), context)
+        except MalformedFrameError:
+            await call.refuse_noted()
+            raise  # not reached: the call was noted bad before this was raised
+        await call.refuse_noted()
+        return answer
     return unary_out
 
 

@@ -50,6 +50,48 @@ class Recorder:
             yield b""
 
 
+    async def bidi_read_aside(self, requests: AsyncIterator[Any], context: Any
+                              ) -> AsyncIterator[bytes]:
+        """Reads in a task of its own and answers from the handler task, as PublishFrames
+        does; the reader's error goes no further than the reader (Telemetry's way)."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    self.requests.append(request)
+                    queue.put_nowait(request)
+            except Exception:
+                pass
+            finally:
+                queue.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        while await queue.get() is not None:
+            yield b"answer"
+        await reader
+
+    async def bidi_read_aside_raising(self, requests: AsyncIterator[Any], context: Any
+                                      ) -> AsyncIterator[bytes]:
+        """As bidi_read_aside, but the handler raises what the reader raised."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    self.requests.append(request)
+                    queue.put_nowait(request)
+            finally:
+                queue.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while await queue.get() is not None:
+                yield b"answer"
+        finally:
+            await reader
+
+
 def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
     parse = streams_pb2.PublishRequest.FromString
     return grpc.method_handlers_generic_handler(SERVICE, {
@@ -59,6 +101,10 @@ def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
         "ClientStream": grpc.stream_unary_rpc_method_handler(recorder.client_stream,
                                                              request_deserializer=parse),
         "Bidi": grpc.stream_stream_rpc_method_handler(recorder.bidi, request_deserializer=parse),
+        "BidiAside": grpc.stream_stream_rpc_method_handler(recorder.bidi_read_aside,
+                                                           request_deserializer=parse),
+        "BidiAsideRaising": grpc.stream_stream_rpc_method_handler(
+            recorder.bidi_read_aside_raising, request_deserializer=parse),
     })
 
 
@@ -145,6 +191,30 @@ def test_a_bad_frame_mid_stream_ends_the_call_where_it_is(
 
     run(_serve(recorder, body))
     assert [r.subject for r in recorder.requests] == ["a.b", "a.b"]
+    assert not _tracebacks(caplog), caplog.text
+
+
+@pytest.mark.parametrize("shape", ["BidiAside", "BidiAsideRaising"])
+def test_a_bad_frame_read_by_a_task_of_the_servicer_is_refused_from_the_handler(
+        shape: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Whether the servicer swallows the reader's error or raises it, the call ends with
+    MALFORMED_REQUEST; the answers to the good frames may come first."""
+    recorder = Recorder()
+    repeats = 50
+
+    async def body(channel: grpc.aio.Channel) -> None:
+        for _ in range(repeats):
+            answers: list[bytes] = []
+            call = channel.stream_stream(f"/{SERVICE}/{shape}")(
+                iter([GOOD, GOOD, GARBAGE, GOOD]), timeout=call_timeout_s)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for answer in call:
+                    answers.append(answer)
+            _expect_malformed(caught.value)
+            assert len(answers) <= 2, answers
+
+    run(_serve(recorder, body))
+    assert [r.subject for r in recorder.requests] == ["a.b", "a.b"] * repeats
     assert not _tracebacks(caplog), caplog.text
 
 
