@@ -10,7 +10,9 @@ measures with a grpc.aio client (128-byte messages):
     frame streaming (PublishFrames)       msgs/s, frames of 100, 16 unanswered, per-frame p50
     fetch + ack, batch 100 and 1000       msgs/s, one Ack call per fetch (pipelined)
 
-then stops the node (by its pid) and runs `../shared/peers/jetstream/run --replicas R --phases
+then stops the node (by its pid), measures the floor under those figures (a bare grpc.aio
+server and client doing the same call shapes with nothing else: scripts/bench_grpc_floor.py),
+and runs `../shared/peers/jetstream/run --replicas R --phases
 pub` (`pub,failover` with --failover, which also runs scripts/bench_failover.py), and prints
 the ratio raftlog/JetStream for each comparable figure with its target. A table
 goes to stderr, ONE JSON document to stdout. Every phase is bounded in messages and in time; the
@@ -49,6 +51,7 @@ from typing import Any
 
 import bench_breakdown  # scripts/ is sys.path[0]
 import bench_failover
+import bench_grpc_floor
 import bench_profile
 import bench_report
 import grpc
@@ -477,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         runs.append(run)
     raftlog, spread = bench_report.merge_runs(runs)
+    _log("bare grpc.aio floor (scripts/bench_grpc_floor.py)")
+    floor = bench_grpc_floor.measure(
+        seconds=bench_grpc_floor.phase_quick_s if args.quick else bench_grpc_floor.phase_s)
     fo_plan = bench_failover.QUICK if args.quick else bench_failover.FULL
     failover = (bench_failover.run_trials(fo_plan, seed=wl.seed_from_env(),
                                           quick=args.quick) if args.failover else None)
@@ -508,8 +514,10 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": bench_report.ratios(raftlog, js),
         "targets": bench_report.absolute(raftlog),
         "failover": None if failover is None else bench_failover.with_peer(failover, peer),
+        "grpc_floor": floor,
     }
     print(bench_report.table(document), file=sys.stderr)
+    print(bench_grpc_floor.table(floor), file=sys.stderr)
     if document["failover"]:
         print(bench_failover.table(document["failover"]), file=sys.stderr)
     print(json.dumps(document, indent=2))

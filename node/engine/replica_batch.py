@@ -24,10 +24,16 @@ def _invalid(message: str, **metadata: object) -> RaftlogError:
                         **metadata)
 
 
-def check_batch(request: replication_pb2.ReplicateRequest) -> list[bytes]:
-    """The batch's message values, once every number in the request is in bounds and
-    consistent; raises RaftlogError (INVALID_ARGUMENT, or CORRUPT_RECORD for a checksum or a
-    value that does not decode) otherwise. Depends on nothing but the request."""
+# A message of a batch: its stored value and that value decoded; (b"", None) for a seq removed
+# on the primary before it was sent.
+Checked = tuple[bytes, storage_pb2.StoredMessage | None]
+
+
+def check_batch(request: replication_pb2.ReplicateRequest) -> list[Checked]:
+    """The batch's messages (each value with its decoding, so that it is decoded once), once
+    every number in the request is in bounds and consistent; raises RaftlogError
+    (INVALID_ARGUMENT, or CORRUPT_RECORD for a checksum or a value that does not decode)
+    otherwise. Depends on nothing but the request."""
     if not 1 <= request.epoch <= limits.replication_seq_max:
         raise _invalid(f"epoch {request.epoch} is outside 1..{limits.replication_seq_max}")
     values = list(request.messages)
@@ -47,9 +53,11 @@ def check_batch(request: replication_pb2.ReplicateRequest) -> list[bytes]:
     if values and zlib_crc(values) != request.checksum:
         raise RaftlogError(Reason.CORRUPT_RECORD, "the batch does not match its checksum",
                            first_seq=request.first_seq)
+    checked: list[Checked] = []
     for offset, value in enumerate(values):
         if not value:
-            continue  # removed on the primary before it was sent
+            checked.append((value, None))  # removed on the primary before it was sent
+            continue
         try:
             stored = storage_pb2.StoredMessage.FromString(value)
         except Exception:
@@ -58,7 +66,8 @@ def check_batch(request: replication_pb2.ReplicateRequest) -> list[bytes]:
         if stored.epoch > request.epoch:
             raise _invalid(f"seq {request.first_seq + offset} carries epoch {stored.epoch}, "
                            f"above the batch's {request.epoch}")
-    return values
+        checked.append((value, stored))
+    return checked
 
 
 def zlib_crc(values: Sequence[bytes]) -> int:

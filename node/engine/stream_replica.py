@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from raftlog.base import limits
 from raftlog.base.errors import RaftlogError, Reason
-from raftlog.internal import replication_pb2, storage_pb2
-from raftlog.node.engine.replica_batch import check_batch, epoch_of
+from raftlog.internal import replication_pb2
+from raftlog.node.engine.replica_batch import Checked, check_batch, epoch_of
 from raftlog.node.engine.store import StoreBatch
 from raftlog.node.engine.stream_core import ROLE_PRIMARY, StreamCore, SubjectStat, stored_size
 
@@ -36,7 +36,7 @@ class StreamReplica(StreamCore):
         A newer epoch first truncates what this node holds from the start of the first epoch
         (in the primary's history of (epoch, start_seq)) after the last epoch this node
         wrote in: those messages came from an older primary and were never committed (G7)."""
-        values = check_batch(request)
+        messages = check_batch(request)
         epoch, first_seq = request.epoch, request.first_seq
         record = self.record
         floor = max(record.epoch, record.fenced_epoch)
@@ -51,7 +51,7 @@ class StreamReplica(StreamCore):
         if epoch > record.epoch:
             later = [e.start_seq for e in request.history if e.fence_epoch > record.epoch]
             truncate_at = min(min(later, default=truncate_at), truncate_at)
-        if not request.reseed and values and first_seq > truncate_at:
+        if not request.reseed and messages and first_seq > truncate_at:
             raise RaftlogError(Reason.SEQ_GAP, f"{self.name!r} holds up to seq "
                                f"{truncate_at - 1}; batch starts at {first_seq}",
                                last_seq=truncate_at - 1, replica_epoch=max(record.epoch, epoch))
@@ -68,7 +68,7 @@ class StreamReplica(StreamCore):
             self._delete_stored_in(batch, max(span.first, record.first_seq),
                                    min(span.last, record.last_seq) + 1, touched)
         skip = max(record.last_seq + 1 - first_seq, 0)
-        self._append_replicated(batch, first_seq + skip, values[skip:], history=history,
+        self._append_replicated(batch, first_seq + skip, messages[skip:], history=history,
                                 touched=touched)
         self._write(batch, touched)
         if request.head_seq > record.first_seq:
@@ -76,17 +76,17 @@ class StreamReplica(StreamCore):
         self._advance_head()
         return record.last_seq
 
-    def _append_replicated(self, batch: StoreBatch, first_seq: int, values: Sequence[bytes], *,
-                           history: Sequence[tuple[int, int]], touched: set[str]) -> None:
-        """Stores the primary's values from `first_seq` on, as runs of seqs; an empty value
+    def _append_replicated(self, batch: StoreBatch, first_seq: int, messages: Sequence[Checked],
+                           *, history: Sequence[tuple[int, int]], touched: set[str]) -> None:
+        """Stores the primary's messages from `first_seq` on, as runs of seqs; an empty value
         was removed on the primary before it was sent and is a hole here."""
         record, stats = self.record, self.subject_stats
         refs: dict[str, bytes] = {}
         run_first = first_seq
         run_values: list[bytes] = []
         run_refs: list[bytes] = []
-        for seq, value in enumerate(values, start=first_seq):
-            if not value:
+        for seq, (value, stored) in enumerate(messages, start=first_seq):
+            if stored is None:
                 if run_values:
                     batch.append(self.stream_id, first_seq=run_first, values=run_values,
                                  subject_refs=run_refs)
@@ -94,7 +94,6 @@ class StreamReplica(StreamCore):
                 record.last_seq = seq
                 record.last_epoch = epoch_of(seq, history, default=record.last_epoch)
                 continue
-            stored = storage_pb2.StoredMessage.FromString(value)
             subject = stored.subject
             ref = refs.get(subject)
             if ref is None:

@@ -433,3 +433,8 @@ def test_bench_quick_prints_one_json_document() -> None:
     assert document["meta"]["repeat"] == 1 and document["runs"] is None
     assert document["spread"]["fetch_ack_100_msgs_per_s"]["median"] == raftlog["fetch_ack"][
         "batch_100"]["msgs_per_s"]
+    floor = document["grpc_floor"]
+    for shape in ("unary_1", "unary_8", "client_streaming", "bidi_window"):
+        assert floor[shape]["per_s"] > 0 and floor[shape]["ceiling_per_s"] > 0, floor
+        assert floor[shape]["client_cpu_us"] > 0 and floor[shape]["server_cpu_us"] > 0, floor
+    assert "bare grpc.aio on this machine" in completed.stderr
