@@ -51,15 +51,19 @@ class _Batch:
     def add(self, entry: LogEntry, *, deliver_count: int) -> None:
         self.messages.append(to_message(self.stream, entry, deliver_count=deliver_count))
         self.payload_bytes += len(entry.payload)
-        self.message_bytes += entry.size_bytes
+        if self.bytes_max is not None:  # counted only for the cap (a hot path: fetch)
+            self.message_bytes += entry.size_bytes
 
 
 def to_message(stream: str, entry: LogEntry, *, deliver_count: int) -> types_pb2.Message:
-    return types_pb2.Message(
-        seq=entry.seq, subject=entry.subject, ts_ms=entry.ts_ms,
-        headers=[types_pb2.Header(key=key, value=value) for key, value in entry.headers],
-        payload=entry.payload, msg_id=entry.msg_id, deliver_count=deliver_count, stream=stream,
+    message = types_pb2.Message(
+        seq=entry.seq, subject=entry.subject, ts_ms=entry.ts_ms, payload=entry.payload,
+        msg_id=entry.msg_id, deliver_count=deliver_count, stream=stream,
     )
+    if entry.headers:  # most messages have none (a hot path: fetch)
+        message.headers.extend(types_pb2.Header(key=key, value=value)
+                               for key, value in entry.headers)
+    return message
 
 
 class DeliveryManager(SettlementManager):

@@ -29,7 +29,10 @@ class LogEntry:
 
     @property
     def size_bytes(self) -> int:
-        return len(self.payload) + len(self.subject) + sum(len(k) + len(v) for k, v in self.headers)
+        size = len(self.payload) + len(self.subject)
+        if self.headers:
+            size += sum(len(k) + len(v) for k, v in self.headers)
+        return size
 
 
 class StreamLog(Protocol):

@@ -72,12 +72,13 @@ def to_message(stream: str, seq: int, stored: storage_pb2.StoredMessage) -> type
 
 
 def to_entry(seq: int, stored: storage_pb2.StoredMessage) -> LogEntry:
+    headers = stored.headers
     return LogEntry(
         seq=seq,
         subject=stored.subject,
         ts_ms=stored.ts_ms,
         payload=stored.payload,
-        headers=tuple((h.key, h.value) for h in stored.headers),
+        headers=tuple((h.key, h.value) for h in headers) if headers else (),
         msg_id=stored.msg_id,
     )
 
