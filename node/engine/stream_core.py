@@ -54,8 +54,10 @@ class SubjectStat:
 def stored_size(stored: storage_pb2.StoredMessage | streams_pb2.PublishEntry) -> int:
     """Bytes a message counts for in limits: subject, payload and headers."""
     size = len(stored.payload) + len(stored.subject.encode())
-    for header in stored.headers:
-        size += len(header.key.encode()) + len(header.value.encode())
+    headers = stored.headers
+    if headers:  # most messages have none; iterating an empty one costs as much (hot path)
+        for header in headers:
+            size += len(header.key.encode()) + len(header.value.encode())
     return size
 
 

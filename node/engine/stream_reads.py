@@ -156,7 +156,8 @@ class StreamReads(StreamCore):
                                                upper=to_seq + 1):
             if values and size + len(value) > bytes_max:
                 return values
-            values.extend([b""] * (seq - expected))
+            if seq > expected:
+                values.extend([b""] * (seq - expected))
             values.append(value)
             size += len(value)
             expected = seq + 1
