@@ -134,23 +134,19 @@ def _streamed_request(method: str, behaviour: Callable[..., Any]) -> Callable[..
         async def stream_out(requests: AsyncIterator[Any], context: Context
                              ) -> AsyncIterator[Any]:
             call = _StreamedCall(method, context, asyncio.current_task())
-            try:
+            with contextlib.suppress(MalformedFrameError):  # refused just below
                 async with contextlib.aclosing(
                         behaviour(call.checked(requests), context)) as responses:
                     async for response in responses:
                         yield response  # answers to frames before a bad one may go out
-            except MalformedFrameError:
-                pass
             await call.refuse_noted()
         return stream_out
 
     async def unary_out(requests: AsyncIterator[Any], context: Context) -> Any:
         call = _StreamedCall(method, context, asyncio.current_task())
-        try:
+        answer = None
+        with contextlib.suppress(MalformedFrameError):  # refused just below
             answer = await behaviour(call.checked(requests), context)
-        except MalformedFrameError:
-            await call.refuse_noted()
-            raise  # not reached: the call was noted bad before this was raised
         await call.refuse_noted()
         return answer
     return unary_out

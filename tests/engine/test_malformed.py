@@ -6,6 +6,7 @@ tests/process/test_bad_input.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -50,10 +51,11 @@ class Recorder:
             yield b""
 
 
-    async def bidi_read_aside(self, requests: AsyncIterator[Any], context: Any
-                              ) -> AsyncIterator[bytes]:
+    async def bidi_read_aside(self, requests: AsyncIterator[Any], context: Any, *,
+                              swallow: bool) -> AsyncIterator[bytes]:
         """Reads in a task of its own and answers from the handler task, as PublishFrames
-        does; the reader's error goes no further than the reader (Telemetry's way)."""
+        does. The reader's error goes no further than the reader when `swallow` (Telemetry's
+        way); else the handler raises it when it awaits the reader (PublishFrames' way)."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def read() -> None:
@@ -62,25 +64,8 @@ class Recorder:
                     self.requests.append(request)
                     queue.put_nowait(request)
             except Exception:
-                pass
-            finally:
-                queue.put_nowait(None)
-
-        reader = asyncio.get_running_loop().create_task(read())
-        while await queue.get() is not None:
-            yield b"answer"
-        await reader
-
-    async def bidi_read_aside_raising(self, requests: AsyncIterator[Any], context: Any
-                                      ) -> AsyncIterator[bytes]:
-        """As bidi_read_aside, but the handler raises what the reader raised."""
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    self.requests.append(request)
-                    queue.put_nowait(request)
+                if not swallow:
+                    raise
             finally:
                 queue.put_nowait(None)
 
@@ -101,10 +86,12 @@ def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
         "ClientStream": grpc.stream_unary_rpc_method_handler(recorder.client_stream,
                                                              request_deserializer=parse),
         "Bidi": grpc.stream_stream_rpc_method_handler(recorder.bidi, request_deserializer=parse),
-        "BidiAside": grpc.stream_stream_rpc_method_handler(recorder.bidi_read_aside,
-                                                           request_deserializer=parse),
+        "BidiAside": grpc.stream_stream_rpc_method_handler(
+            functools.partial(recorder.bidi_read_aside, swallow=True),
+            request_deserializer=parse),
         "BidiAsideRaising": grpc.stream_stream_rpc_method_handler(
-            recorder.bidi_read_aside_raising, request_deserializer=parse),
+            functools.partial(recorder.bidi_read_aside, swallow=False),
+            request_deserializer=parse),
     })
 
 
