@@ -8,7 +8,8 @@ It owns, all on the tick thread:
   majority and never while its serving loop is stuck; a leader whose loop is stuck steps down;
 - the messages `_DurableTransport` (raft/syncobj_glue.py) hands over before pysyncobj sees them:
   pre-votes and their answers, vote requests (dropped while a leader works), append_entries (the
-  last leader contact) and timeout_now (a leadership transfer to this node);
+  last leader contact; a leader below this member's term is told that term, and adopts it),
+  and timeout_now (a leadership transfer to this node);
 - `leader_contact_age_s`, read by the node (any thread).
 
 It reads and writes pysyncobj's private election state (`_SyncObj__raftState`,
@@ -28,6 +29,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 from raftlog.base import limits
 from raftlog.raft import elections
 from raftlog.raft.syncobj_glue import (
+    NEWER_TERM,
     PREVOTE,
     PREVOTE_REPLY,
     TRANSFER_FLAG,
@@ -143,9 +145,38 @@ class ElectionGuard:
         """Tick thread: this node's vote requests are those of a leadership transfer."""
         return _raft_now() - self._transfer_asked_s < self._timeouts.current.election_max_s
 
-    def _on_append_entries(self, message: dict[str, Any]) -> None:
-        if int(message.get("term", 0)) >= int(self._obj.raftCurrentTerm):
+    def _on_append_entries(self, transport: Any, node: Any, message: dict[str, Any]) -> None:
+        """Tick thread: notes the leader's contact. Entries from a leader below this member's
+        term get this member's term in answer (pysyncobj drops them without a word). A member
+        whose term ran past the leader's (two candidates raced, at start or after a partition)
+        would otherwise stay out for good: its pre-votes never pass while the leader works, and
+        it sends no vote request the leader could learn the term from. Told, the leader steps
+        down and the next election includes this member (Raft's reply term; etcd answers so
+        under pre-vote too)."""
+        term, own_term = int(message.get("term", 0)), int(self._obj.raftCurrentTerm)
+        if term >= own_term:
             self._last_leader_contact_s = _raft_now()
+            return
+        self.election_counters["stale_appends_answered"] += 1
+        transport.send(node, {"type": NEWER_TERM, "term": own_term})
+
+    def _on_newer_term(self, node: Any, message: dict[str, Any]) -> None:
+        """Tick thread: a member answered this node's entries with a higher term: adopt it
+        and follow (a leader steps down); the next election runs with every member."""
+        obj = self._obj
+        term = int(message.get("term", 0))
+        if term <= int(obj.raftCurrentTerm):
+            return
+        log.warning("raft: %s is at term %d, above this node's %d; %s", node.address, term,
+                    obj.raftCurrentTerm,
+                    "stepping down" if obj._SyncObj__raftState == _RAFT_STATE.LEADER
+                    else "adopting it")
+        self.election_counters["newer_terms_adopted"] += 1
+        obj._SyncObj__setCurrentTerm(term, None)
+        obj._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+        obj._SyncObj__raftLeader = None
+        obj._SyncObj__raftElectionDeadline = (
+            _raft_now() + self._timeouts.current.election_min_s)
 
     def _on_prevote_message(self, transport: Any, node: Any, message: dict[str, Any]) -> None:
         """Tick thread: answers a pre-vote request, or counts an answer to ours."""

@@ -130,6 +130,7 @@ def install_pysyncobj_patches() -> None:
 
 PREVOTE = "raftlog_prevote"  # message types raftlog adds to pysyncobj's (raft/elections.py)
 PREVOTE_REPLY = "raftlog_prevote_reply"
+NEWER_TERM = "raftlog_newer_term"  # a member's answer to append_entries below its term
 TRANSFER_FLAG = "raftlog_transfer"
 
 
@@ -184,10 +185,13 @@ class _DurableTransport(TCPTransport):  # type: ignore[misc]
             if kind in (PREVOTE, PREVOTE_REPLY):
                 group._on_prevote_message(self, node, message)
                 return
+            if kind == NEWER_TERM:
+                group._on_newer_term(node, message)
+                return
             if kind == "request_vote" and group._ignores_vote(node, message):
                 return
             if kind == "append_entries":
-                group._on_append_entries(message)
+                group._on_append_entries(self, node, message)
             elif kind == "timeout_now":
                 group._on_timeout_now(node)
         super()._onMessageReceived(node, message)

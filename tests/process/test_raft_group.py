@@ -318,6 +318,45 @@ def test_a_cluster_with_a_secret_commits(make_cluster: Callable[..., Cluster]) -
     assert [member.node_id for member in state.members] == ["n7"]
 
 
+def raise_persisted_term(data_dir: Path, term: int) -> None:
+    """Sets a stopped member's persisted term (and clears its vote), as two candidates racing
+    would leave it: a term above the leader's, with nobody elected in it."""
+    db = open_db(data_dir / "db")
+    try:
+        meta = db.get_column_family("raft_meta")
+        meta[b"current_term"] = struct.pack(">Q", term)
+        with contextlib.suppress(KeyError):
+            del meta[b"voted_for"]
+        db.flush_wal(True)
+    finally:
+        db.close()
+
+
+def test_a_member_back_with_a_term_above_the_leaders_rejoins(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """A follower comes back at a term above the working leader's. pysyncobj drops the
+    leader's lower-term entries without a word and the member's pre-votes fail while the
+    leader works, so nothing would ever tell the leader: the member would stay out for good
+    (seen at a local cluster's start, where two candidates raced). Told the term in answer to
+    its entries, the leader steps down, and the next election includes the member."""
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader()
+    ensure_ok(leader.propose(join(1)))
+    cluster.wait_same_state()
+    high_term = leader.status()["term"] + 5
+    member = next(node for node in cluster.nodes if node is not leader)
+    member.kill9()
+    raise_persisted_term(member.data_dir, high_term)
+    member.start()
+    assert member.status()["term"] == high_term
+    new_leader = cluster.wait_leader(timeout_s=15.0)
+    assert new_leader.status()["term"] > high_term
+    ensure_ok(new_leader.propose(join(2)))
+    state = raft_pb2.RaftSnapshot.FromString(cluster.wait_same_state())
+    assert [m.node_id for m in state.members] == ["n1", "n2"]
+    assert leader.status()["counters"].get("newer_terms_adopted", 0) >= 1
+
+
 def test_membership_add_then_remove(tmp_path: Path) -> None:
     """A node is added to a one-member group, started with the member as its peer, catches up,
     and is removed again. The membership entry carries a pickled TCPNode: this exercises the
