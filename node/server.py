@@ -90,6 +90,7 @@ from raftlog.node.transport.malformed import MalformedRequestInterceptor
 from raftlog.node.transport.metrics import MetricsInterceptor, NodeMetrics
 from raftlog.node.transport.metrics_state import NodeState, StateCollector
 from raftlog.node.transport.peer import PeerAuthInterceptor, PeerClient, peer_server_options
+from raftlog.node.transport.servers import aio_server
 from raftlog.node.transport.subscriptions import (
     LIMITED_METHODS,
     SubscriptionLimitInterceptor,
@@ -353,7 +354,7 @@ class Node:
             self.liveness.start()
             self.failover.start()
             self.placement.start()
-        server = grpc.aio.server(interceptors=interceptors, options=[
+        server = aio_server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
             ("grpc.max_send_message_length", limits.request_bytes_max),
             ("grpc.so_reuseport", 0),
@@ -447,7 +448,7 @@ class Node:
             MalformedRequestInterceptor(), PeerAuthInterceptor(credential)]
         if self.metrics is not None:  # outermost, as on the client port (peer families)
             interceptors.insert(0, MetricsInterceptor(self.metrics, peer=True))
-        server = grpc.aio.server(interceptors=interceptors, options=[
+        server = aio_server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limits.request_bytes_max),
             ("grpc.max_send_message_length", limits.request_bytes_max),
             ("grpc.so_reuseport", 0),
