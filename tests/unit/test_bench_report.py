@@ -31,7 +31,9 @@ def _run(scale: float) -> dict[str, Any]:
     return {
         "unary_publish": {"callers_1": _phase(500 * scale, 1.5 * scale, 3.0 * scale),
                           "callers_8": _phase(1500 * scale)},
-        "batch_publish": {"batch_100": _phase(20_000 * scale),
+        "batch_publish": {"batch_100": {**_phase(20_000 * scale),
+                                        "client_cpu_us_per_msg": 30 * scale,
+                                        "server_cpu_us_per_msg": 90 * scale},
                           "batch_1000": _phase(40_000 * scale)},
         "stream_publish": _phase(8000 * scale),
         "frames_publish": _phase(15_000 * scale),
@@ -48,13 +50,16 @@ def test_repeated_runs_become_medians_with_their_spread(br: ModuleType) -> None:
     item = spread["fetch_ack_100_msgs_per_s"]
     assert item["values"] == [7000, 9100, 6300] and item["median"] == 7000
     assert item["spread"] == pytest.approx(0.4) and item["met"] is False
-    assert set(spread) == {name for name, _ in br.SPREAD_FIGURES}
+    assert set(spread) == {name for name, _ in (*br.SPREAD_FIGURES, *br.CONTROL_FIGURES)}
+    control = spread["client_cpu_us_per_msg_batch_100"]  # the machine's speed: no target
+    assert control["values"] == [30, 39, 27] and control["spread"] == pytest.approx(0.4)
+    assert control["met"] is None
     assert runs[0]["unary_publish"]["callers_1"]["p50_ms"] == 1.5  # runs are not changed
 
 
 def test_close_runs_meet_the_spread_target(br: ModuleType) -> None:
     _, spread = br.merge_runs([_run(1.0), _run(1.05)])
-    assert all(item["met"] for item in spread.values())
+    assert all(spread[name]["met"] for name, _ in br.SPREAD_FIGURES)
 
 
 def test_one_run_has_no_spread_and_the_table_leaves_it_out(br: ModuleType) -> None:
