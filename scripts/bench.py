@@ -265,18 +265,15 @@ async def _measure(name: str, node: BenchNode | BenchCluster, phase: Phase
     else:
         async with node.profiler.around(name, node.pids()):
             result = await phase()
+    node_cpu_s, client_cpu_s = node.cpu_s() - node_cpu_s, time.process_time() - client_cpu_s
     summary = result.summary()
     if result.elapsed_s > 0:
-        summary["server_cpu_pct"] = round(100 * (node.cpu_s() - node_cpu_s) / result.elapsed_s, 1)
-        summary["client_cpu_pct"] = round(
-            100 * (time.process_time() - client_cpu_s) / result.elapsed_s, 1
-        )
+        summary["server_cpu_pct"] = round(100 * node_cpu_s / result.elapsed_s, 1)
+        summary["client_cpu_pct"] = round(100 * client_cpu_s / result.elapsed_s, 1)
         messages = result.msgs_per_s * result.elapsed_s
         if messages:  # per message: the client's is the same work in every run
-            summary["server_cpu_us_per_msg"] = round(
-                1e6 * (node.cpu_s() - node_cpu_s) / messages, 1)
-            summary["client_cpu_us_per_msg"] = round(
-                1e6 * (time.process_time() - client_cpu_s) / messages, 1)
+            summary["server_cpu_us_per_msg"] = round(1e6 * node_cpu_s / messages, 1)
+            summary["client_cpu_us_per_msg"] = round(1e6 * client_cpu_s / messages, 1)
     line = f"{name:<22} {result.msgs_per_s:>10,.0f} msgs/s  p50 {summary['p50_ms']:.3f} ms"
     _log(line + (f"  {result.first_error}" if result.first_error else ""))
     return summary

@@ -126,8 +126,9 @@ def merge_runs(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, An
         # spread is the machine's own speed changing between runs, not raftlog's.
         client = [v for v in (_figure(run, (*path[:-1], "client_cpu_us_per_msg"))
                               for run in runs) if v is not None]
-        spreads[name] = {"values": values, "median": statistics.median(values) if values
-                         else None, "spread": spread,
+        spreads[name] = {"values": values,
+                         "median": statistics.median(values) if values else None,
+                         "spread": spread,
                          "met": None if spread is None else spread < spread_target,
                          "client_cpu_us_per_msg": client, "client_cpu_spread": _spread(client)}
     return merged, spreads

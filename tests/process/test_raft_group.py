@@ -47,6 +47,7 @@ from raftlog.raft import wire
 from raftlog.raft.addresses import check_raft_config
 from raftlog.raft.api import Applied, LeaderChange, ensure_ok
 from raftlog.raft.group import RaftGroup, failure_error
+from raftlog.raft.journal import RocksJournal
 from raftlog.raft.memory import MemoryRaftGroup
 from raftlog.raft.snapshot_file import read_snapshot_file
 from raftlog.raft.state_snapshot import to_snapshot
@@ -323,11 +324,7 @@ def raise_persisted_term(data_dir: Path, term: int) -> None:
     would leave it: a term above the leader's, with nobody elected in it."""
     db = open_db(data_dir / "db")
     try:
-        meta = db.get_column_family("raft_meta")
-        meta[b"current_term"] = struct.pack(">Q", term)
-        with contextlib.suppress(KeyError):
-            del meta[b"voted_for"]
-        db.flush_wal(True)
+        RocksJournal(db, log_cf="raft_log", meta_cf="raft_meta").setCurrentTerm(term, None)
     finally:
         db.close()
 
