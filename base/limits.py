@@ -286,6 +286,8 @@ object_marker_refresh_s = 20.0  # an upload re-publishes its marker when it is t
 object_upload_idle_s = 120.0  # an upload marker this old (not the live revision) is collected
 object_sweep_period_s = 30.0  # how often a bucket's primary looks for abandoned uploads
 object_sweep_markers_max = 1_000  # upload markers one sweep of one bucket examines
+object_cleanup_attempts_max = 5  # purges of a failed put's chunks before the sweep's turn
+object_cleanup_backoff_s = 0.2  # the pause after the first retryable failure; doubles
 
 # KV buckets (ops/kv.py, kv_entries.py, kv_watch.py: buckets of keys on one stream per bucket).
 kv_history_max = 64  # revisions a bucket keeps per key (its stream's max_msgs_per_subject)

@@ -165,16 +165,34 @@ class Upload:
 
 
 async def remove_upload(streams: StreamOps, *, bucket: str, upload: str, via: Call) -> None:
-    """Purges an upload's chunks and its marker; a failure is logged (the sweep retries)."""
+    """Purges an upload's chunks and its marker. A purge refused with a retryable reason (no
+    leader, the bucket failing over, a forward that failed) is tried again, up to
+    limits.object_cleanup_attempts_max times in all; a failure after that is logged and what
+    stays is the sweep's."""
     stream = layout.bucket_stream(bucket)
-    try:
-        for subject in (layout.chunks_pattern(bucket, upload),
-                        layout.marker_subject(bucket, upload)):
-            await streams.purge(streams_pb2.PurgeStreamRequest(name=stream, subject=subject), via)
-    except RaftlogError as err:
-        if err.reason is not Reason.STREAM_NOT_FOUND:  # else the bucket went with them
-            log.warning("bucket %s: chunks of upload %s stay for the sweep: %s", bucket,
-                        upload, err.message)
+    pause_s = limits.object_cleanup_backoff_s
+    for attempt in range(1, limits.object_cleanup_attempts_max + 1):
+        try:
+            for subject in (layout.chunks_pattern(bucket, upload),
+                            layout.marker_subject(bucket, upload)):
+                await streams.purge(streams_pb2.PurgeStreamRequest(name=stream, subject=subject),
+                                    via)
+            return
+        except RaftlogError as err:
+            if err.reason is Reason.STREAM_NOT_FOUND:
+                return  # the bucket went with them
+            if err.reason.status_name not in _RETRYABLE_STATUSES or \
+                    attempt == limits.object_cleanup_attempts_max:
+                log.warning("bucket %s: chunks of upload %s stay for the sweep (after %d "
+                            "attempts): %s", bucket, upload, attempt, err.message)
+                return
+            log.info("bucket %s: removing the chunks of upload %s failed (%s); again in %.1f s",
+                     bucket, upload, err.message, pause_s)
+        await asyncio.sleep(pause_s)
+        pause_s *= 2
+
+
+_RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 
 
 SWEEP_SHARDS = 16  # the first hex digit of an upload id: a sweep looks at one at a time

@@ -158,6 +158,42 @@ def test_a_wrong_sha256_stores_nothing() -> None:
     run(body)
 
 
+def test_a_failed_puts_chunks_are_removed_through_retryable_refusals(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "object_cleanup_backoff_s", 0.001)
+    refusals: list[Reason] = []
+
+    async def body(store: Store) -> None:
+        purge = store.streams.purge
+
+        async def flaky_purge(request: streams_pb2.PurgeStreamRequest, via: Call) -> object:
+            if refusals:
+                raise RaftlogError(refusals.pop(0), "refused for the test")
+            return await purge(request, via)
+
+        monkeypatch.setattr(store.streams, "purge", flaky_purge)
+        wrong = hashlib.sha256(b"other").hexdigest()
+        refusals[:] = [Reason.NO_LEADER, Reason.FORWARD_FAILED]
+        assert await reason_of(put(store, "o", b"z" * 5000, sha256=wrong)) is \
+            Reason.SHA_MISMATCH
+        await store.objects.cleanups_done()
+        assert refusals == [] and store.chunk_subjects() == []
+        # A refusal that will not change is not tried again: the chunks are the sweep's.
+        refusals[:] = [Reason.PERMISSION_DENIED, Reason.NO_LEADER]
+        assert await reason_of(put(store, "p", b"z" * 5000, sha256=wrong)) is \
+            Reason.SHA_MISMATCH
+        await store.objects.cleanups_done()
+        assert refusals == [Reason.NO_LEADER] and len(store.chunk_subjects()) == 5
+        # Retryable refusals past the attempts allowed leave them too.
+        refusals[:] = [Reason.NO_LEADER] * (limits.object_cleanup_attempts_max + 1)
+        assert await reason_of(put(store, "q", b"z" * 5000, sha256=wrong)) is \
+            Reason.SHA_MISMATCH
+        await store.objects.cleanups_done()
+        assert refusals == [Reason.NO_LEADER] and len(store.chunk_subjects()) == 10
+
+    run(body)
+
+
 def test_bad_input_is_refused() -> None:
     async def body(store: Store) -> None:
         ops = store.objects

@@ -237,11 +237,19 @@ def test_all_state_survives_a_full_cluster_restart(cluster3: LocalCluster) -> No
 
     wait_until(restored, 30, what="stream readable after restart")
     # Node 3 lists from its own metadata view, which may still be replaying its journal right
-    # after the restart (ListStreams does not wait for the leader's commit index): both
-    # streams must be there once it caught up.
-    wait_until(lambda: [s.config.name for s in cluster3.streams(3).ListStreams(
-        streams_pb2.ListStreamsRequest(), timeout=call_timeout_s).streams] == ["keep", "other"],
-        15, what="both streams listed by node 3")
+    # after the restart (ListStreams does not wait for the leader's commit index; until its users
+    # are applied again it answers UNAVAILABLE): both streams must be there once it caught up.
+    def listed_by_node3() -> bool:
+        try:
+            listed = cluster3.streams(3).ListStreams(streams_pb2.ListStreamsRequest(),
+                                                      timeout=call_timeout_s)
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False  # still replaying: it says so and asks for a retry
+        return [s.config.name for s in listed.streams] == ["keep", "other"]
+
+    wait_until(listed_by_node3, 15, what="both streams listed by node 3")
     info = cluster3.streams(1).GetStreamInfo(streams_pb2.GetStreamInfoRequest(name="keep"),
                                              timeout=call_timeout_s)
     assert info.config.max_msgs == 1000
