@@ -119,7 +119,7 @@ def dead_letter_headers(stream: str, consumer: str, entry: LogEntry, *,
 def _skip_acked_ahead(log: StreamLog, state: DeliveryState) -> None:
     """After acks ahead of the cursor: moves the cursor (and so the floor) over the ones that
     are next in line, so that the floor does not wait for a fetch to pass them."""
-    if state.start_seqs or not state.acked:
+    if state.start_seqs or not state.acked_ahead():
         return
     for entry in log.scan(from_seq=state.delivered_seq + 1,
                           filter_subject=state.config.filter_subject, limit=len(state.acked)):

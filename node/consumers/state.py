@@ -104,6 +104,16 @@ class PendingSet:
     def remove(self, seq: int) -> Delivery | None:
         return self._entries.pop(seq, None)
 
+    def remove_all(self, seqs: Sequence[int]) -> bool:
+        """Removes every one of `seqs` (distinct) if each is pending; else removes none and
+        returns False."""
+        entries = self._entries
+        if not all(seq in entries for seq in seqs):
+            return False
+        for seq in seqs:
+            del entries[seq]
+        return True
+
     def first_due(self, now_s: float) -> int | None:
         """The lowest seq whose redelivery is due, left in place (reschedule it to move on)."""
         while self._timers and self._timers[0][0] <= now_s:
@@ -267,6 +277,10 @@ class DeliveryState:
     def ack(self, seqs: Sequence[int], *, commit_seq: int, may_hold: Callable[[int], bool]
             ) -> tuple[list[int], dict[int, RaftlogError]]:
         """Ack (or Term), per seq: (the seqs that became done, the refused seqs with why)."""
+        distinct = list(dict.fromkeys(seqs))
+        if self.pending.remove_all(distinct):  # the usual: each one was handed out, none acked
+            self.acked.update(distinct)
+            return distinct, {}
         accepted, refused = self.refusals(seqs, commit_seq=commit_seq, may_hold=may_hold)
         return [seq for seq in accepted if self._done(seq) or self._done_ahead(seq)], refused
 
@@ -334,6 +348,12 @@ class DeliveryState:
             return False
         self.acked.add(seq)
         return True
+
+    def acked_ahead(self) -> bool:
+        """Whether a seq above the cursor is acked (after a failover): only then can the cursor
+        move past acked seqs before a fetch does."""
+        delivered_seq = self.delivered_seq
+        return any(seq > delivered_seq for seq in self.acked)
 
     def skip_acked_ahead(self, seq: int) -> bool:
         """At delivery: True, and the cursor moves past seq, when seq was acked ahead of the

@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from raftlog.base import subjects
 
 
-@dataclass(frozen=True, slots=True)
-class LogEntry:
+class LogEntry(NamedTuple):
+    """One message as the log holds it. A named tuple: every read makes one (a fetch of 100
+    makes 100), and a tuple is built in a third of a frozen dataclass's time."""
+
     seq: int
     subject: str
     ts_ms: int

@@ -42,10 +42,19 @@ def _seqs(seqs: Sequence[int]) -> Sequence[int]:
 
 def _ack_response(seqs: Sequence[int], settled: Settled) -> consumers_pb2.AckResponse:
     """One result per requested seq, in request order; a refused seq carries its error."""
+    response = consumers_pb2.AckResponse(applied=settled.applied)
+    add = response.results.add  # in place: a third of the time of building each and copying
+    if not settled.refused:  # the usual (a hot path: every Ack)
+        for seq in seqs:
+            add(seq=seq)
+        return response
     refused = {seq: rpc.to_error_pb(error) for seq, error in settled.refused.items()}
-    return consumers_pb2.AckResponse(applied=settled.applied, results=[
-        consumers_pb2.AckResult(seq=seq, error=refused[seq]) if seq in refused
-        else consumers_pb2.AckResult(seq=seq) for seq in seqs])
+    for seq in seqs:
+        if seq in refused:
+            add(seq=seq, error=refused[seq])
+        else:
+            add(seq=seq)
+    return response
 
 
 class ConsumerOps:
@@ -124,8 +133,10 @@ class ConsumerOps:
         max_wait_ms = at_most("max_wait_ms", request.max_wait_ms, high=limits.fetch_wait_ms_max)
 
         async def local() -> consumers_pb2.FetchResponse:
-            return consumers_pb2.FetchResponse(messages=await self._manager.fetch(
-                request.stream, request.consumer, batch=batch, max_wait_ms=max_wait_ms))
+            response = consumers_pb2.FetchResponse()
+            await self._manager.fetch(request.stream, request.consumer, batch=batch,
+                                      max_wait_ms=max_wait_ms, into=response.messages)
+            return response
 
         return await self._on_primary(canonical.FETCH, request, via, local,
                                       consumer=request.consumer)

@@ -578,6 +578,49 @@ async def test_a_call_whose_every_seq_is_refused_changes_and_saves_nothing(
 
 
 @run_async
+async def test_fetched_into_an_answer_the_messages_are_the_same() -> None:
+    """A fetch that builds its messages in the answer's own field (the Consumers service's
+    path) hands out exactly what a fetch into a list does, headers and redeliveries alike."""
+    env = make_env()
+    for i in range(5):
+        await env.log.publish_internal(subject=f"a.{i}", payload=b"p%d" % i,
+                                       headers=(("k", str(i)),) if i % 2 else ())
+    await env.create("listed")
+    await env.create("answered")
+    listed = await env.fetch_messages("listed", batch=3)
+    answer = consumers_pb2.FetchResponse()
+    returned = await env.manager.fetch(STREAM, "answered", batch=3, max_wait_ms=0,
+                                       into=answer.messages)
+    assert returned is answer.messages
+    assert [m.seq for m in answer.messages] == [1, 2, 3]
+    assert [m.SerializeToString() for m in listed] == \
+        [m.SerializeToString() for m in answer.messages]
+    env.clock.advance(ACK_WAIT_S + 1)  # the next ones come with a redelivery first
+    listed = await env.fetch_messages("listed", batch=5)
+    answer = consumers_pb2.FetchResponse()
+    await env.manager.fetch(STREAM, "answered", batch=5, max_wait_ms=0, into=answer.messages)
+    assert [(m.seq, m.deliver_count) for m in answer.messages] == \
+        [(1, 2), (2, 2), (3, 2), (4, 1), (5, 1)]
+    assert list(listed) == list(answer.messages)
+
+
+@run_async
+async def test_an_ack_of_pending_seqs_takes_each_once_in_request_order() -> None:
+    env = make_env(*["a"] * 6)
+    await env.create()
+    await env.fetch(batch=4)
+    settled = await env.manager.ack(STREAM, "c", [3, 1, 3, 2])  # every one pending
+    assert (settled.applied, settled.refused) == (3, {})
+    assert env.state().ack_floor == 3 and env.state().num_ack_pending == 1
+    assert saved_acks(env) == {1, 2, 3}
+    # One seq not pending (never handed out) sends the whole call the per-seq way: the others
+    # still apply, and the ack floor moves over them.
+    settled = await env.manager.ack(STREAM, "c", [4, 6])
+    assert settled.applied == 1 and refusals(settled) == {6: Reason.NOT_DELIVERED}
+    assert env.state().ack_floor == 4 and saved_acks(env) == {1, 2, 3, 4}
+
+
+@run_async
 async def test_ack_is_idempotent_and_counts_only_changes() -> None:
     env = make_env("a", "a", "a")
     await env.create()
