@@ -9,6 +9,8 @@ measures with a grpc.aio client (128-byte messages):
     client-streaming publish              msgs/s (one message per stream item)
     frame streaming (PublishFrames)       msgs/s, frames of 100, 16 unanswered, per-frame p50
     fetch + ack, batch 100 and 1000       msgs/s, one Ack call per fetch (pipelined)
+    fetch carrying acks, 100 and 1000     msgs/s, each fetch acks the batch before it
+                                          (FetchRequest.ack_seqs); one Ack call at the end
 
 then stops the node (by its pid), measures the floor under those figures (a bare grpc.aio
 server and client doing the same call shapes with nothing else: scripts/bench_grpc_floor.py),
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import json
 import os
 import platform
@@ -73,6 +76,10 @@ warmup_msgs = 200
 settle_s = 0.5  # pause after os.sync() before each timed phase, as the JetStream peer does
 node_start_timeout_s = 30.0
 node_stop_timeout_s = 15.0
+# The fetch loops: (results group, loop, phase label); each reads the whole stream through a
+# consumer of its own.
+FETCH_LOOPS = (("fetch_ack", loadgen.fetch_ack, "fetch+ack"),
+               ("fetch_carried", loadgen.fetch_carrying_acks, "fetch carrying acks"))
 consumer_max_ack_pending = 50_000  # room for the pipelined acks of a fetch loop
 repeat_max = 10  # --repeat: runs of the raftlog phases, each on a fresh node or cluster
 
@@ -363,6 +370,7 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
             "stream_publish": await _measure("client streaming", node, stream),
             "frames_publish": await _measure("frame streaming", node, frames),
             "fetch_ack": {},
+            "fetch_carried": {},
         }
         for key in ("batch_100", "batch_1000"):
             results["batch_publish"][key]["calls_in_flight"] = plan.batch_inflight
@@ -372,8 +380,8 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
         results["frames_publish"].update(
             per_frame=plan.frame_messages, frames_in_flight=plan.frames_window
         )
-        for fetch_batch in (100, 1000):
-            consumer = f"fetch{fetch_batch}"
+        for (group, loop, label), fetch_batch in itertools.product(FETCH_LOOPS, (100, 1000)):
+            consumer = f"{group}{fetch_batch}"
             await client.consumers.CreateConsumer(
                 consumers_pb2.CreateConsumerRequest(
                     stream=stream_name,
@@ -384,7 +392,7 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
                 timeout=client.deadline_s(),
             )
             fetch = functools.partial(
-                loadgen.fetch_ack,
+                loop,
                 client,
                 stream=stream_name,
                 consumer=consumer,
@@ -392,9 +400,9 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
                 batch=fetch_batch,
                 time_limit_s=plan.phase_time_s,
             )
-            summary = await _measure(f"fetch+ack, batch {fetch_batch}", node, fetch)
+            summary = await _measure(f"{label}, batch {fetch_batch}", node, fetch)
             summary["batch"] = fetch_batch
-            results["fetch_ack"][f"batch_{fetch_batch}"] = summary
+            results[group][f"batch_{fetch_batch}"] = summary
         info = await client.streams.GetStreamInfo(
             streams_pb2.GetStreamInfoRequest(name=stream_name), timeout=client.deadline_s()
         )

@@ -69,6 +69,12 @@ COMPARISONS: tuple[tuple[str, tuple[str, ...], str, str | None, float | None], .
      "pull_consume_msgs_per_s", ">=", 2.0),
     ("fetch_ack_1000_vs_pull_consume", ("fetch_ack", "batch_1000", "msgs_per_s"),
      "pull_consume_msgs_per_s", ">=", 3.0),
+    # The same loop with each fetch carrying the acks of the batch before it (the last batch
+    # acked by one Ack call that waits for the save): JetStream's msg.ack() does not wait either.
+    ("fetch_carried_100_vs_pull_consume", ("fetch_carried", "batch_100", "msgs_per_s"),
+     "pull_consume_msgs_per_s", ">=", 2.0),
+    ("fetch_carried_1000_vs_pull_consume", ("fetch_carried", "batch_1000", "msgs_per_s"),
+     "pull_consume_msgs_per_s", ">=", 3.0),
     ("unary_p50_vs_sync_publish_p50", ("unary_publish", "callers_1", "p50_ms"),
      "sync_publish_p50_ms", None, None),
     ("unary_p99_vs_sync_publish_p99", ("unary_publish", "callers_1", "p99_ms"),
@@ -87,6 +93,8 @@ SPREAD_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("frames_msgs_per_s", ("frames_publish", "msgs_per_s")),
     ("fetch_ack_100_msgs_per_s", ("fetch_ack", "batch_100", "msgs_per_s")),
     ("fetch_ack_1000_msgs_per_s", ("fetch_ack", "batch_1000", "msgs_per_s")),
+    ("fetch_carried_100_msgs_per_s", ("fetch_carried", "batch_100", "msgs_per_s")),
+    ("fetch_carried_1000_msgs_per_s", ("fetch_carried", "batch_1000", "msgs_per_s")),
 )
 spread_target = 0.20  # (max - min) / median of one figure over repeated runs (issue 17)
 # Targets on raftlog's own figures (issue 17): (name, figure path, op, value).
@@ -195,6 +203,8 @@ def table(document: dict[str, Any]) -> str:
         phase("frame streaming, 100/frame", rl["frames_publish"], latency=True)
     phase("fetch(100) + ack", rl["fetch_ack"]["batch_100"], latency=False)
     phase("fetch(1000) + ack", rl["fetch_ack"]["batch_1000"], latency=False)
+    for size, figures in rl.get("fetch_carried", {}).items():
+        phase(f"fetch({size.removeprefix('batch_')}) carrying acks", figures, latency=False)
     parts = [
         f"raftlog {_setup(document)}, {document['meta']['payload_bytes']} B messages, "
         "fsync before ack",
@@ -277,8 +287,9 @@ def host() -> dict[str, Any]:
 def phase_errors(raftlog: dict[str, Any]) -> list[str]:
     """One line per raftlog phase that failed (`run_raftlog`'s figures)."""
     errors = []
-    for group in ("unary_publish", "batch_publish", "fetch_ack"):
-        errors += [f"{group}.{k}: {v['error']}" for k, v in raftlog[group].items() if v["error"]]
+    for group in ("unary_publish", "batch_publish", "fetch_ack", "fetch_carried"):
+        errors += [f"{group}.{k}: {v['error']}"
+                   for k, v in raftlog.get(group, {}).items() if v["error"]]
     for single in ("stream_publish", "frames_publish"):
         if raftlog.get(single, {}).get("error"):
             errors.append(f"{single}: {raftlog[single]['error']}")

@@ -305,3 +305,54 @@ async def fetch_ack(
     await asyncio.gather(*acks)
     result.elapsed_s = time.perf_counter() - started
     return result
+
+
+async def fetch_carrying_acks(
+    client: Client,
+    *,
+    stream: str,
+    consumer: str,
+    count: int,
+    batch: int,
+    time_limit_s: float,
+    max_wait_ms: int = 1000,
+) -> LoadResult:
+    """Fetch `batch` messages, each fetch carrying the acks of the messages the one before it
+    brought (`FetchRequest.ack_seqs`, saved behind the answer); after the last fetch, one Ack
+    call of the last batch, whose return means every ack before it is saved too. `msgs` counts
+    the accepted acks only once that Ack returned (none after a failed call); latencies are
+    those of the Fetch calls."""
+    result = LoadResult()
+    quota = _Quota(count=count, time_limit_s=time_limit_s, result=result)
+    carried: list[int] = []
+    accepted = 0
+    started = time.perf_counter()
+    while size := quota.claim(batch):
+        request = consumers_pb2.FetchRequest(stream=stream, consumer=consumer, batch=size,
+                                             max_wait_ms=max_wait_ms, ack_seqs=carried)
+        call = client.consumers.Fetch(request, timeout=client.deadline_s(
+            extra_s=max_wait_ms / 1000))
+        response = await _timed(result, quota, client, call)
+        if response is None:
+            break
+        accepted += len(carried) - _refused(response.acks.results)
+        carried = [m.seq for m in response.messages]
+        quota.give_back(size - len(carried))
+        if not carried:
+            result.stopped_by = "drained"
+            break
+    if carried and not result.first_error:
+        last = consumers_pb2.AckRequest(stream=stream, consumer=consumer, seqs=carried)
+        try:
+            reply = await client.consumers.Ack(last, timeout=client.deadline_s())
+        except grpc.RpcError as exc:
+            quota.fail(describe_failure(exc, address=client.address))
+        else:
+            accepted += len(carried) - _refused(reply.results)
+    result.msgs = 0 if result.first_error else accepted
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+def _refused(results: Any) -> int:
+    return sum(1 for r in results if r.HasField("error"))

@@ -125,6 +125,10 @@ class ServedConsumer:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     removals: list[int] = field(default_factory=list)  # work queue: done, not yet removed
     closed: RaftlogError | None = None
+    # Acks a fetch carried (settlement.py `ack_behind`): done, their save not started yet, and
+    # the one task that saves them, one save at a time.
+    done_behind: list[int] = field(default_factory=list)
+    saving_behind: asyncio.Task[None] | None = None
 
 
 @dataclass(eq=False)
@@ -177,6 +181,7 @@ class ManagerBase:
         self._store = store
         self._clock = clock
         self._streams: dict[str, ServedStream] = {}
+        self._behind: set[asyncio.Task[None]] = set()  # saves nobody waits for (settlement.py)
 
     # ----------------------------------------------------------------- lookup
 

@@ -4,14 +4,19 @@ the consumer names a dead-letter subject), and makes what became done durable.
 
 Ack and Term return only after a save that includes them has completed, and on a work-queue
 stream only after the messages were removed; Nak and InProgress do not save; dead-lettering
-does, like a Term. Which seqs may be settled is decided in state.py.
+does, like a Term. `ack_behind` (the acks a Fetch carries) takes effect the same way at once
+and saves behind the caller, who is not told when. Which seqs may be settled is decided in
+state.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 
 from raftlog.base import limits
+from raftlog.base.errors import RaftlogError
 from raftlog.node.consumers.retention import RetentionManager
 from raftlog.node.consumers.serving import (
     DLQ_HEADERS,
@@ -24,6 +29,8 @@ from raftlog.node.consumers.serving import (
 from raftlog.node.consumers.state import DeliveryState
 from raftlog.node.engine.log import LogEntry, StreamLog
 from raftlog.v1 import types_pb2
+
+log = logging.getLogger(__name__)
 
 
 class SettlementManager(RetentionManager):
@@ -41,6 +48,46 @@ class SettlementManager(RetentionManager):
         if len(refused) < len(set(seqs)):  # an accepted seq waits for its (or an earlier) save
             await self._make_durable(found, consumer, done)
         return Settled(applied=len(done), refused=refused)
+
+    def ack_behind(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
+        """Ack's rules and state change, now; the save (and a work queue's removals, an
+        interest stream's trim) runs behind the caller, who does not wait for it. A save that
+        fails leaves the acks in the consumer's state, and the next save carries them."""
+        found, consumer = self._lookup(stream, name)
+        state = consumer.state
+        done, refused = state.ack(seqs, commit_seq=found.log.commit_seq,
+                                  may_hold=may_hold(found.log, state.config.filter_subject))
+        if done:
+            _skip_acked_ahead(found.log, state)
+            if found.retention == types_pb2.RETENTION_POLICY_WORK_QUEUE:
+                consumer.removals.extend(done)
+            self._notify(consumer)
+            consumer.done_behind.extend(done)
+            if consumer.saving_behind is None:
+                task = asyncio.create_task(self._save_behind(found, consumer))
+                consumer.saving_behind = task
+                self._behind.add(task)
+                task.add_done_callback(self._behind.discard)
+        return Settled(applied=len(done), refused=refused)
+
+    async def _save_behind(self, found: ServedStream, consumer: ServedConsumer) -> None:
+        """Saves a consumer's carried acks, one save at a time: the acks carried while a save
+        is in flight all go in the next (nobody waits for them, so they may as well share).
+        A failed save leaves them in the state, and the next save carries them."""
+        try:
+            while consumer.done_behind and consumer.closed is None:
+                done, consumer.done_behind = consumer.done_behind, []
+                await consumer.flusher.flush()
+                await self._maybe_trim(found, done)
+        except RaftlogError as err:
+            log.info("stream %s consumer %s: a save of acks carried by fetches failed (the "
+                     "next save carries them): %s", found.log.name, consumer.state.name,
+                     err.message)
+        except Exception:  # a bug: the acks stay in the state, and the next save carries them
+            log.exception("stream %s consumer %s: saving acks carried by fetches failed",
+                          found.log.name, consumer.state.name)
+        finally:
+            consumer.saving_behind = None
 
     async def term(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
         """Never redeliver: counts as acked, durable on return."""

@@ -131,9 +131,18 @@ class ConsumerOps:
         auth.current().require_subscribe(request.stream, request.consumer)
         batch = at_most("batch", request.batch or 1, high=limits.fetch_batch_max)
         max_wait_ms = at_most("max_wait_ms", request.max_wait_ms, high=limits.fetch_wait_ms_max)
+        acks = request.ack_seqs
+        if acks:
+            at_most("ack_seqs", len(acks), high=limits.ack_seqs_max)
+            if 0 in acks:
+                raise RaftlogError(Reason.INVALID_ARGUMENT, "ack_seqs start at 1; 0 is not a "
+                                   "seq", field="ack_seqs")
 
         async def local() -> consumers_pb2.FetchResponse:
             response = consumers_pb2.FetchResponse()
+            if acks:  # before collecting: they free max_ack_pending room for this fetch
+                response.acks.CopyFrom(_ack_response(acks, self._manager.ack_behind(
+                    request.stream, request.consumer, acks)))
             await self._manager.fetch(request.stream, request.consumer, batch=batch,
                                       max_wait_ms=max_wait_ms, into=response.messages)
             return response

@@ -621,6 +621,49 @@ async def test_an_ack_of_pending_seqs_takes_each_once_in_request_order() -> None
 
 
 @run_async
+async def test_acks_a_fetch_carries_take_effect_at_once_and_save_behind_one_at_a_time(
+) -> None:
+    store = OverlapCountingStore(delay_s=0.02)
+    env = make_env(*["a"] * 30, store=store)
+    await env.create(max_ack_pending=10)
+    assert await env.fetch(batch=10) == list(range(1, 11))
+    saves = store.saves
+    for first in range(1, 11, 2):  # five calls in a row, none waiting for a save
+        settled = env.manager.ack_behind(STREAM, "c", [first, first + 1])
+        assert (settled.applied, settled.refused) == (2, {})
+    # In effect before any save: the floor moved, and max_ack_pending has room again.
+    assert env.state().ack_floor == 10 and env.state().num_ack_pending == 0
+    assert await env.fetch(batch=10) == list(range(11, 21))
+    assert saved_acks(env) < set(range(1, 11))
+    # Saved behind, one save at a time: the acks carried while one was in flight share the
+    # next one.
+    for _ in range(100):
+        if saved_acks(env) >= set(range(1, 11)):
+            break
+        await asyncio.sleep(0.01)
+    assert saved_acks(env) >= set(range(1, 11))
+    assert store.running_max == 1 and store.saves - saves <= 3
+    refused = env.manager.ack_behind(STREAM, "c", [11, 25])
+    assert refused.applied == 1 and refusals(refused) == {25: Reason.NOT_DELIVERED}
+    await env.manager.ack(STREAM, "c", [12])  # a waiting ack: its save covers 11 too
+    assert {11, 12} <= saved_acks(env)
+
+
+@run_async
+async def test_acks_a_fetch_carries_on_a_work_queue_remove_the_messages_behind() -> None:
+    env = make_env("a", "a", "a", retention=WORK_QUEUE)
+    await env.create()
+    await env.fetch()
+    env.manager.ack_behind(STREAM, "c", [1, 2])
+    for _ in range(100):
+        if env.log.read(1) is None and env.log.read(2) is None:
+            break
+        await asyncio.sleep(0.01)
+    assert env.log.read(1) is None and env.log.read(2) is None and env.log.read(3) is not None
+    assert saved_acks(env) >= {1, 2}
+
+
+@run_async
 async def test_ack_is_idempotent_and_counts_only_changes() -> None:
     env = make_env("a", "a", "a")
     await env.create()
@@ -1203,6 +1246,11 @@ async def serving(env: Env) -> AsyncIterator[AioStub]:
 BAD_REQUESTS = [
     ("fetch_batch_max", "Fetch", consumers_pb2.FetchRequest(
         stream=STREAM, consumer="c", batch=limits.fetch_batch_max + 1), Reason.INVALID_ARGUMENT),
+    ("fetch_ack_seqs_max", "Fetch", consumers_pb2.FetchRequest(
+        stream=STREAM, consumer="c", ack_seqs=range(1, limits.ack_seqs_max + 2)),
+     Reason.INVALID_ARGUMENT),
+    ("fetch_ack_seq_0", "Fetch", consumers_pb2.FetchRequest(
+        stream=STREAM, consumer="c", ack_seqs=[1, 0]), Reason.INVALID_ARGUMENT),
     ("fetch_wait_ms_max", "Fetch", consumers_pb2.FetchRequest(
         stream=STREAM, consumer="c", max_wait_ms=limits.fetch_wait_ms_max + 1),
      Reason.INVALID_ARGUMENT),
@@ -1260,6 +1308,28 @@ async def test_service_round_trip_create_fetch_ack_info() -> None:
         assert acked.applied == 1
         listed = await stub.ListConsumers(consumers_pb2.ListConsumersRequest(stream=STREAM))
         assert [c.state.ack_floor for c in listed.consumers] == [2]
+
+
+@run_async
+async def test_service_fetch_carries_acks_and_answers_them_per_seq() -> None:
+    env = make_env("a", "a", "a", "a")
+    async with serving(env) as stub:
+        await stub.CreateConsumer(consumers_pb2.CreateConsumerRequest(
+            stream=STREAM, config=consumers_pb2.ConsumerConfig(name="c", max_ack_pending=2)))
+        first = await stub.Fetch(consumers_pb2.FetchRequest(stream=STREAM, consumer="c",
+                                                            batch=2))
+        assert [m.seq for m in first.messages] == [1, 2] and not first.HasField("acks")
+        # max_ack_pending is 2: only the acks carried make room for the next two.
+        second = await stub.Fetch(consumers_pb2.FetchRequest(
+            stream=STREAM, consumer="c", batch=2, ack_seqs=[2, 9, 1]))
+        assert [m.seq for m in second.messages] == [3, 4]
+        assert second.acks.applied == 2
+        assert [(r.seq, r.error.reason) for r in second.acks.results] == [
+            (2, ""), (9, "NOT_DELIVERED"), (1, "")]
+        last = await stub.Ack(consumers_pb2.AckRequest(stream=STREAM, consumer="c",
+                                                       seqs=[3, 4]))
+        assert last.applied == 2
+    assert saved_acks(env) == {1, 2, 3, 4}  # the Ack's save covers the carried ones
 
 
 @run_async

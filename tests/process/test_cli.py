@@ -416,7 +416,8 @@ def test_bench_quick_prints_one_json_document() -> None:
         raftlog["unary_publish"]["callers_1"], raftlog["unary_publish"]["callers_8"],
         raftlog["batch_publish"]["batch_100"], raftlog["batch_publish"]["batch_1000"],
         raftlog["stream_publish"], raftlog["frames_publish"], raftlog["fetch_ack"]["batch_100"],
-        raftlog["fetch_ack"]["batch_1000"],
+        raftlog["fetch_ack"]["batch_1000"], raftlog["fetch_carried"]["batch_100"],
+        raftlog["fetch_carried"]["batch_1000"],
     ]
     for figure in figures:
         assert figure["msgs"] > 0 and figure["msgs_per_s"] > 0 and figure["error"] is None
@@ -424,6 +425,7 @@ def test_bench_quick_prints_one_json_document() -> None:
         "callers_1"]["p50_ms"] > 0
     assert set(document["ratios"]) >= {"batch_1000_vs_publish_async",
                                        "fetch_ack_100_vs_pull_consume",
+                                       "fetch_carried_100_vs_pull_consume",
                                        "unary_p50_vs_sync_publish_p50"}
     assert "raftlog single node" in completed.stderr
     steps = raftlog["unary_breakdown"]

@@ -7,6 +7,9 @@
 - Acks of messages the old primary delivered are accepted after it is killed (kill -9), none of
   those messages is delivered again, and a call mixing delivered and never-delivered seqs gets
   one result per seq.
+- Acks carried by fetches (`FetchRequest.ack_seqs`) through a node that is not the primary are
+  answered per seq, and once one Ack call returns they are all saved: the primary's kill -9
+  loses none of them.
 
 Processes are signalled by pid through the `cluster3` fixture, which stops them all afterwards.
 """
@@ -199,3 +202,60 @@ def test_acks_of_what_a_killed_primary_delivered_are_accepted_per_seq(
         (messages + 1, ""), (messages + 100, Reason.NOT_DELIVERED.name), (2, "")]
     assert mixed.applied == 1
     assert _fetch(cluster3, through, batch=10, max_wait_ms=2 * ack_wait_ms) == []
+
+
+def test_acks_fetches_carry_through_any_node_are_saved_and_survive_kill9_of_the_primary(
+        cluster3: LocalCluster) -> None:
+    """Fetches through a node that is not the primary (forwarded), each carrying the acks of
+    the batch before it, then one Ack call: once it returns, every carried ack is saved too,
+    and the primary's kill -9 changes none of it."""
+    _create_stream_and_consumer(cluster3, count=messages)
+    primary = _primary(cluster3, among=[1, 2, 3])
+    through = next(i for i in (1, 2, 3) if i != primary)
+    carried: list[int] = []
+    fetched: list[int] = []
+    while True:
+        reply = cluster3.consumers(through).Fetch(consumers_pb2.FetchRequest(
+            stream=STREAM, consumer=CONSUMER, batch=7, ack_seqs=carried),
+            timeout=call_timeout_s)
+        assert [r.seq for r in reply.acks.results] == carried
+        assert not any(r.HasField("error") for r in reply.acks.results)
+        assert reply.acks.applied == len(carried)
+        carried = [m.seq for m in reply.messages]
+        if not carried:
+            break
+        fetched += carried
+    assert fetched == list(range(1, messages + 1))
+    # The last fetch carried the last batch's acks and brought nothing: one Ack call of any
+    # seq acked already returns once a save covers everything before it.
+    assert _ack(cluster3, through, [messages]).applied == 0
+    cluster3.kill9(primary)
+    survivors = [i for i in (1, 2, 3) if i != primary]
+
+    def floor_elsewhere() -> bool:
+        if _primary(cluster3, among=survivors) == primary:
+            return False
+        try:
+            info = cluster3.consumers(survivors[0]).GetConsumerInfo(
+                consumers_pb2.GetConsumerInfoRequest(stream=STREAM, consumer=CONSUMER),
+                timeout=probe_timeout_s)
+        except grpc.RpcError:
+            return False
+        return (info.state.ack_floor, info.state.num_ack_pending) == (messages, 0)
+
+    cluster3.wait_until(floor_elsewhere, failover_timeout_s,
+                        what="a new primary with every carried ack")
+    handed_out: list[list[int]] = []
+
+    def fetched_after_an_ack_wait() -> bool:  # the new primary may still be taking its lease
+        try:
+            handed_out.append(_fetch(cluster3, survivors[1], batch=messages,
+                                     max_wait_ms=2 * ack_wait_ms))
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False
+        return True
+
+    cluster3.wait_until(fetched_after_an_ack_wait, failover_timeout_s, what="a fetch answered")
+    assert handed_out == [[]]  # nothing comes back, not even after an ack wait

@@ -38,6 +38,8 @@ def _run(scale: float) -> dict[str, Any]:
         "stream_publish": _phase(8000 * scale),
         "frames_publish": _phase(15_000 * scale),
         "fetch_ack": {"batch_100": _phase(7000 * scale), "batch_1000": _phase(30_000 * scale)},
+        "fetch_carried": {"batch_100": _phase(9000 * scale),
+                          "batch_1000": _phase(32_000 * scale)},
     }
 
 

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from raftlog.v1 import types_pb2 as raftlog_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftlog/v1/consumers.proto\x12\nraftlog.v1\x1a\x16raftlog/v1/types.proto\"\xa4\x02\n\x0e\x43onsumerConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x66ilter_subject\x18\x02 \x01(\t\x12\x31\n\x0e\x64\x65liver_policy\x18\x03 \x01(\x0e\x32\x19.raftlog.v1.DeliverPolicy\x12\x15\n\ropt_start_seq\x18\x04 \x01(\x04\x12\x19\n\x11opt_start_time_ms\x18\x05 \x01(\x03\x12\x13\n\x0b\x61\x63k_wait_ms\x18\x06 \x01(\x04\x12\x13\n\x0bmax_deliver\x18\x07 \x01(\r\x12\x12\n\nbackoff_ms\x18\x08 \x03(\x04\x12\x17\n\x0fmax_ack_pending\x18\t \x01(\r\x12\x1b\n\x13\x64\x65\x61\x64_letter_subject\x18\n \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\"\x9b\x01\n\rConsumerState\x12\x15\n\rdelivered_seq\x18\x01 \x01(\x04\x12\x11\n\tack_floor\x18\x02 \x01(\x04\x12\x13\n\x0bnum_pending\x18\x03 \x01(\x04\x12\x17\n\x0fnum_ack_pending\x18\x04 \x01(\r\x12\x17\n\x0fnum_redelivered\x18\x05 \x01(\r\x12\x19\n\x11num_dead_lettered\x18\x06 \x01(\x04\"T\n\x13\x43onsumerStateExpect\x12\x15\n\rdelivered_seq\x18\x01 \x01(\x04\x12\x11\n\tack_floor\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_count\x18\x03 \x01(\x04\"\x88\x01\n\x0c\x43onsumerInfo\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.raftlog.v1.ConsumerConfig\x12(\n\x05state\x18\x03 \x01(\x0b\x32\x19.raftlog.v1.ConsumerState\x12\x12\n\ncreated_ms\x18\x04 \x01(\x03\"S\n\x15\x43reateConsumerRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.raftlog.v1.ConsumerConfig\"9\n\x15\x44\x65leteConsumerRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"\x18\n\x16\x44\x65leteConsumerResponse\"&\n\x14ListConsumersRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"D\n\x15ListConsumersResponse\x12+\n\tconsumers\x18\x01 \x03(\x0b\x32\x18.raftlog.v1.ConsumerInfo\":\n\x16GetConsumerInfoRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"T\n\x0c\x46\x65tchRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\x12\x13\n\x0bmax_wait_ms\x18\x04 \x01(\r\"6\n\rFetchResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.raftlog.v1.Message\"<\n\nAckRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\"F\n\x0b\x41\x63kResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r\x12&\n\x07results\x18\x02 \x03(\x0b\x32\x15.raftlog.v1.AckResult\":\n\tAckResult\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.raftlog.v1.Error\"N\n\nNakRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\x12\x10\n\x08\x64\x65lay_ms\x18\x04 \x01(\x04\"M\n\x0bTermRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"C\n\x11InProgressRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\"r\n\x10SubscribeRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\x12\x17\n\x0fstop_when_empty\x18\x04 \x01(\x08\x12\x14\n\x0cheartbeat_ms\x18\x05 \x01(\r\"\x95\x01\n\x0eSubscribeEvent\x12&\n\x07message\x18\x01 \x01(\x0b\x32\x13.raftlog.v1.MessageH\x00\x12*\n\theartbeat\x18\x02 \x01(\x0b\x32\x15.raftlog.v1.HeartbeatH\x00\x12&\n\x07stopped\x18\x03 \x01(\x0b\x32\x13.raftlog.v1.StoppedH\x00\x42\x07\n\x05\x65vent\"\x1f\n\tHeartbeat\x12\x12\n\ncommit_seq\x18\x01 \x01(\x04\"\x19\n\x07Stopped\x12\x0e\n\x06reason\x18\x01 \x01(\t*\xc0\x01\n\rDeliverPolicy\x12\x16\n\x12\x44\x45LIVER_POLICY_ALL\x10\x00\x12\x17\n\x13\x44\x45LIVER_POLICY_LAST\x10\x01\x12\x16\n\x12\x44\x45LIVER_POLICY_NEW\x10\x02\x12\x1f\n\x1b\x44\x45LIVER_POLICY_BY_START_SEQ\x10\x03\x12 \n\x1c\x44\x45LIVER_POLICY_BY_START_TIME\x10\x04\x12#\n\x1f\x44\x45LIVER_POLICY_LAST_PER_SUBJECT\x10\x05\x32\xd1\x05\n\tConsumers\x12M\n\x0e\x43reateConsumer\x12!.raftlog.v1.CreateConsumerRequest\x1a\x18.raftlog.v1.ConsumerInfo\x12W\n\x0e\x44\x65leteConsumer\x12!.raftlog.v1.DeleteConsumerRequest\x1a\".raftlog.v1.DeleteConsumerResponse\x12T\n\rListConsumers\x12 .raftlog.v1.ListConsumersRequest\x1a!.raftlog.v1.ListConsumersResponse\x12O\n\x0fGetConsumerInfo\x12\".raftlog.v1.GetConsumerInfoRequest\x1a\x18.raftlog.v1.ConsumerInfo\x12<\n\x05\x46\x65tch\x12\x18.raftlog.v1.FetchRequest\x1a\x19.raftlog.v1.FetchResponse\x12\x36\n\x03\x41\x63k\x12\x16.raftlog.v1.AckRequest\x1a\x17.raftlog.v1.AckResponse\x12\x36\n\x03Nak\x12\x16.raftlog.v1.NakRequest\x1a\x17.raftlog.v1.AckResponse\x12\x38\n\x04Term\x12\x17.raftlog.v1.TermRequest\x1a\x17.raftlog.v1.AckResponse\x12\x44\n\nInProgress\x12\x1d.raftlog.v1.InProgressRequest\x1a\x17.raftlog.v1.AckResponse\x12G\n\tSubscribe\x12\x1c.raftlog.v1.SubscribeRequest\x1a\x1a.raftlog.v1.SubscribeEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1araftlog/v1/consumers.proto\x12\nraftlog.v1\x1a\x16raftlog/v1/types.proto\"\xa4\x02\n\x0e\x43onsumerConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x66ilter_subject\x18\x02 \x01(\t\x12\x31\n\x0e\x64\x65liver_policy\x18\x03 \x01(\x0e\x32\x19.raftlog.v1.DeliverPolicy\x12\x15\n\ropt_start_seq\x18\x04 \x01(\x04\x12\x19\n\x11opt_start_time_ms\x18\x05 \x01(\x03\x12\x13\n\x0b\x61\x63k_wait_ms\x18\x06 \x01(\x04\x12\x13\n\x0bmax_deliver\x18\x07 \x01(\r\x12\x12\n\nbackoff_ms\x18\x08 \x03(\x04\x12\x17\n\x0fmax_ack_pending\x18\t \x01(\r\x12\x1b\n\x13\x64\x65\x61\x64_letter_subject\x18\n \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\"\x9b\x01\n\rConsumerState\x12\x15\n\rdelivered_seq\x18\x01 \x01(\x04\x12\x11\n\tack_floor\x18\x02 \x01(\x04\x12\x13\n\x0bnum_pending\x18\x03 \x01(\x04\x12\x17\n\x0fnum_ack_pending\x18\x04 \x01(\r\x12\x17\n\x0fnum_redelivered\x18\x05 \x01(\r\x12\x19\n\x11num_dead_lettered\x18\x06 \x01(\x04\"T\n\x13\x43onsumerStateExpect\x12\x15\n\rdelivered_seq\x18\x01 \x01(\x04\x12\x11\n\tack_floor\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_count\x18\x03 \x01(\x04\"\x88\x01\n\x0c\x43onsumerInfo\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.raftlog.v1.ConsumerConfig\x12(\n\x05state\x18\x03 \x01(\x0b\x32\x19.raftlog.v1.ConsumerState\x12\x12\n\ncreated_ms\x18\x04 \x01(\x03\"S\n\x15\x43reateConsumerRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.raftlog.v1.ConsumerConfig\"9\n\x15\x44\x65leteConsumerRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"\x18\n\x16\x44\x65leteConsumerResponse\"&\n\x14ListConsumersRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"D\n\x15ListConsumersResponse\x12+\n\tconsumers\x18\x01 \x03(\x0b\x32\x18.raftlog.v1.ConsumerInfo\":\n\x16GetConsumerInfoRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\"f\n\x0c\x46\x65tchRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\x12\x13\n\x0bmax_wait_ms\x18\x04 \x01(\r\x12\x10\n\x08\x61\x63k_seqs\x18\x05 \x03(\x04\"]\n\rFetchResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.raftlog.v1.Message\x12%\n\x04\x61\x63ks\x18\x02 \x01(\x0b\x32\x17.raftlog.v1.AckResponse\"<\n\nAckRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\"F\n\x0b\x41\x63kResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r\x12&\n\x07results\x18\x02 \x03(\x0b\x32\x15.raftlog.v1.AckResult\":\n\tAckResult\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.raftlog.v1.Error\"N\n\nNakRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\x12\x10\n\x08\x64\x65lay_ms\x18\x04 \x01(\x04\"M\n\x0bTermRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"C\n\x11InProgressRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04seqs\x18\x03 \x03(\x04\"r\n\x10SubscribeRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\x12\x17\n\x0fstop_when_empty\x18\x04 \x01(\x08\x12\x14\n\x0cheartbeat_ms\x18\x05 \x01(\r\"\x95\x01\n\x0eSubscribeEvent\x12&\n\x07message\x18\x01 \x01(\x0b\x32\x13.raftlog.v1.MessageH\x00\x12*\n\theartbeat\x18\x02 \x01(\x0b\x32\x15.raftlog.v1.HeartbeatH\x00\x12&\n\x07stopped\x18\x03 \x01(\x0b\x32\x13.raftlog.v1.StoppedH\x00\x42\x07\n\x05\x65vent\"\x1f\n\tHeartbeat\x12\x12\n\ncommit_seq\x18\x01 \x01(\x04\"\x19\n\x07Stopped\x12\x0e\n\x06reason\x18\x01 \x01(\t*\xc0\x01\n\rDeliverPolicy\x12\x16\n\x12\x44\x45LIVER_POLICY_ALL\x10\x00\x12\x17\n\x13\x44\x45LIVER_POLICY_LAST\x10\x01\x12\x16\n\x12\x44\x45LIVER_POLICY_NEW\x10\x02\x12\x1f\n\x1b\x44\x45LIVER_POLICY_BY_START_SEQ\x10\x03\x12 \n\x1c\x44\x45LIVER_POLICY_BY_START_TIME\x10\x04\x12#\n\x1f\x44\x45LIVER_POLICY_LAST_PER_SUBJECT\x10\x05\x32\xd1\x05\n\tConsumers\x12M\n\x0e\x43reateConsumer\x12!.raftlog.v1.CreateConsumerRequest\x1a\x18.raftlog.v1.ConsumerInfo\x12W\n\x0e\x44\x65leteConsumer\x12!.raftlog.v1.DeleteConsumerRequest\x1a\".raftlog.v1.DeleteConsumerResponse\x12T\n\rListConsumers\x12 .raftlog.v1.ListConsumersRequest\x1a!.raftlog.v1.ListConsumersResponse\x12O\n\x0fGetConsumerInfo\x12\".raftlog.v1.GetConsumerInfoRequest\x1a\x18.raftlog.v1.ConsumerInfo\x12<\n\x05\x46\x65tch\x12\x18.raftlog.v1.FetchRequest\x1a\x19.raftlog.v1.FetchResponse\x12\x36\n\x03\x41\x63k\x12\x16.raftlog.v1.AckRequest\x1a\x17.raftlog.v1.AckResponse\x12\x36\n\x03Nak\x12\x16.raftlog.v1.NakRequest\x1a\x17.raftlog.v1.AckResponse\x12\x38\n\x04Term\x12\x17.raftlog.v1.TermRequest\x1a\x17.raftlog.v1.AckResponse\x12\x44\n\nInProgress\x12\x1d.raftlog.v1.InProgressRequest\x1a\x17.raftlog.v1.AckResponse\x12G\n\tSubscribe\x12\x1c.raftlog.v1.SubscribeRequest\x1a\x1a.raftlog.v1.SubscribeEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftlog.v1.consumers_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DELIVERPOLICY']._serialized_start=1977
-  _globals['_DELIVERPOLICY']._serialized_end=2169
+  _globals['_DELIVERPOLICY']._serialized_start=2034
+  _globals['_DELIVERPOLICY']._serialized_end=2226
   _globals['_CONSUMERCONFIG']._serialized_start=67
   _globals['_CONSUMERCONFIG']._serialized_end=359
   _globals['_CONSUMERSTATE']._serialized_start=362
@@ -55,29 +55,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCONSUMERINFOREQUEST']._serialized_start=1024
   _globals['_GETCONSUMERINFOREQUEST']._serialized_end=1082
   _globals['_FETCHREQUEST']._serialized_start=1084
-  _globals['_FETCHREQUEST']._serialized_end=1168
-  _globals['_FETCHRESPONSE']._serialized_start=1170
-  _globals['_FETCHRESPONSE']._serialized_end=1224
-  _globals['_ACKREQUEST']._serialized_start=1226
-  _globals['_ACKREQUEST']._serialized_end=1286
-  _globals['_ACKRESPONSE']._serialized_start=1288
-  _globals['_ACKRESPONSE']._serialized_end=1358
-  _globals['_ACKRESULT']._serialized_start=1360
-  _globals['_ACKRESULT']._serialized_end=1418
-  _globals['_NAKREQUEST']._serialized_start=1420
-  _globals['_NAKREQUEST']._serialized_end=1498
-  _globals['_TERMREQUEST']._serialized_start=1500
-  _globals['_TERMREQUEST']._serialized_end=1577
-  _globals['_INPROGRESSREQUEST']._serialized_start=1579
-  _globals['_INPROGRESSREQUEST']._serialized_end=1646
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1648
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1762
-  _globals['_SUBSCRIBEEVENT']._serialized_start=1765
-  _globals['_SUBSCRIBEEVENT']._serialized_end=1914
-  _globals['_HEARTBEAT']._serialized_start=1916
-  _globals['_HEARTBEAT']._serialized_end=1947
-  _globals['_STOPPED']._serialized_start=1949
-  _globals['_STOPPED']._serialized_end=1974
-  _globals['_CONSUMERS']._serialized_start=2172
-  _globals['_CONSUMERS']._serialized_end=2893
+  _globals['_FETCHREQUEST']._serialized_end=1186
+  _globals['_FETCHRESPONSE']._serialized_start=1188
+  _globals['_FETCHRESPONSE']._serialized_end=1281
+  _globals['_ACKREQUEST']._serialized_start=1283
+  _globals['_ACKREQUEST']._serialized_end=1343
+  _globals['_ACKRESPONSE']._serialized_start=1345
+  _globals['_ACKRESPONSE']._serialized_end=1415
+  _globals['_ACKRESULT']._serialized_start=1417
+  _globals['_ACKRESULT']._serialized_end=1475
+  _globals['_NAKREQUEST']._serialized_start=1477
+  _globals['_NAKREQUEST']._serialized_end=1555
+  _globals['_TERMREQUEST']._serialized_start=1557
+  _globals['_TERMREQUEST']._serialized_end=1634
+  _globals['_INPROGRESSREQUEST']._serialized_start=1636
+  _globals['_INPROGRESSREQUEST']._serialized_end=1703
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1705
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1819
+  _globals['_SUBSCRIBEEVENT']._serialized_start=1822
+  _globals['_SUBSCRIBEEVENT']._serialized_end=1971
+  _globals['_HEARTBEAT']._serialized_start=1973
+  _globals['_HEARTBEAT']._serialized_end=2004
+  _globals['_STOPPED']._serialized_start=2006
+  _globals['_STOPPED']._serialized_end=2031
+  _globals['_CONSUMERS']._serialized_start=2229
+  _globals['_CONSUMERS']._serialized_end=2950
 # @@protoc_insertion_point(module_scope)

@@ -332,12 +332,22 @@ class FetchRequest(_message.Message):
     CONSUMER_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    ACK_SEQS_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     consumer: _builtins.str
     batch: _builtins.int
     """0 = 1."""
     max_wait_ms: _builtins.int
     """0 = return at once."""
+    @_builtins.property
+    def ack_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Seqs to acknowledge before this fetch collects its messages, with Ack's rules (the seqs an
+        earlier fetch handed out, typically). They take effect at once: they are never handed out
+        again and free max_ack_pending room for this fetch. They are saved to the Raft group
+        behind the fetch, which does not wait for that: until a later Ack call returns (its save
+        covers them), a failover may hand them out again (at-least-once). Ack waits instead.
+        """
+
     def __init__(
         self,
         *,
@@ -345,10 +355,11 @@ class FetchRequest(_message.Message):
         consumer: _builtins.str = ...,
         batch: _builtins.int = ...,
         max_wait_ms: _builtins.int = ...,
+        ack_seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "consumer", b"consumer", "max_wait_ms", b"max_wait_ms", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_seqs", b"ack_seqs", "batch", b"batch", "consumer", b"consumer", "max_wait_ms", b"max_wait_ms", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -359,16 +370,24 @@ class FetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    ACKS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]: ...
+    @_builtins.property
+    def acks(self) -> Global___AckResponse:
+        """Set when the request carried ack_seqs: one result per seq, in request order, as Ack
+        answers (a refused seq carries its error); accepted, and saved behind the answer.
+        """
+
     def __init__(
         self,
         *,
         messages: _abc.Iterable[_types_pb2.Message] | None = ...,
+        acks: Global___AckResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "messages", b"messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
