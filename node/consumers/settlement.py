@@ -39,12 +39,7 @@ class SettlementManager(RetentionManager):
     async def ack(self, stream: str, name: str, seqs: Sequence[int]) -> Settled:
         """Per seq; the seqs that took effect are durable (and removed from a work queue) on
         return."""
-        found, consumer = self._lookup(stream, name)
-        state = consumer.state
-        done, refused = state.ack(seqs, commit_seq=found.log.commit_seq,
-                                  may_hold=may_hold(found.log, state.config.filter_subject))
-        if done:
-            _skip_acked_ahead(found.log, state)
+        found, consumer, done, refused = self._take_acks(stream, name, seqs)
         if len(refused) < len(set(seqs)):  # an accepted seq waits for its (or an earlier) save
             await self._make_durable(found, consumer, done)
         return Settled(applied=len(done), refused=refused)
@@ -53,15 +48,9 @@ class SettlementManager(RetentionManager):
         """Ack's rules and state change, now; the save (and a work queue's removals, an
         interest stream's trim) runs behind the caller, who does not wait for it. A save that
         fails leaves the acks in the consumer's state, and the next save carries them."""
-        found, consumer = self._lookup(stream, name)
-        state = consumer.state
-        done, refused = state.ack(seqs, commit_seq=found.log.commit_seq,
-                                  may_hold=may_hold(found.log, state.config.filter_subject))
+        found, consumer, done, refused = self._take_acks(stream, name, seqs)
         if done:
-            _skip_acked_ahead(found.log, state)
-            if found.retention == types_pb2.RETENTION_POLICY_WORK_QUEUE:
-                consumer.removals.extend(done)
-            self._notify(consumer)
+            self._mark_done(found, consumer, done)
             consumer.done_behind.extend(done)
             if consumer.saving_behind is None:
                 task = asyncio.create_task(self._save_behind(found, consumer))
@@ -69,6 +58,18 @@ class SettlementManager(RetentionManager):
                 self._behind.add(task)
                 task.add_done_callback(self._behind.discard)
         return Settled(applied=len(done), refused=refused)
+
+    def _take_acks(self, stream: str, name: str, seqs: Sequence[int]
+                   ) -> tuple[ServedStream, ServedConsumer, list[int], dict[int, RaftlogError]]:
+        """Ack's rules and state change: the consumer, the seqs that became done and the
+        refused ones with why."""
+        found, consumer = self._lookup(stream, name)
+        state = consumer.state
+        done, refused = state.ack(seqs, commit_seq=found.log.commit_seq,
+                                  may_hold=may_hold(found.log, state.config.filter_subject))
+        if done:
+            _skip_acked_ahead(found.log, state)
+        return found, consumer, done, refused
 
     async def _save_behind(self, found: ServedStream, consumer: ServedConsumer) -> None:
         """Saves a consumer's carried acks, one save at a time: the acks carried while a save
@@ -143,14 +144,20 @@ class SettlementManager(RetentionManager):
                                              headers=headers)
         return state.dead_letter(entry.seq)
 
+    def _mark_done(self, found: ServedStream, consumer: ServedConsumer,
+                   done: Sequence[int]) -> None:
+        """Seqs just became done: a work queue removes them with the next save (before it);
+        waiting fetchers wake."""
+        if found.retention == types_pb2.RETENTION_POLICY_WORK_QUEUE:
+            consumer.removals.extend(done)
+        self._notify(consumer)
+
     async def _make_durable(self, found: ServedStream, consumer: ServedConsumer,
                             done: Sequence[int]) -> None:
         """After seqs became done: wake fetchers, save (removing work-queue messages first),
         then trim an interest stream."""
         if done:
-            if found.retention == types_pb2.RETENTION_POLICY_WORK_QUEUE:
-                consumer.removals.extend(done)
-            self._notify(consumer)
+            self._mark_done(found, consumer, done)
         # Also when nothing changed: a repeated ack must not return before the first one's save.
         await consumer.flusher.flush()
         if done:

@@ -30,13 +30,13 @@ def _names(stream: str, consumer: str | None = None) -> None:
         subjects.validate_name(consumer, what="consumer")
 
 
-def _seqs(seqs: Sequence[int]) -> Sequence[int]:
+def _seqs(seqs: Sequence[int], *, field: str = "seqs") -> Sequence[int]:
     if not seqs:
-        raise RaftlogError(Reason.INVALID_ARGUMENT, "seqs is empty", field="seqs")
-    at_most("seqs", len(seqs), high=limits.ack_seqs_max)
+        raise RaftlogError(Reason.INVALID_ARGUMENT, f"{field} is empty", field=field)
+    at_most(field, len(seqs), high=limits.ack_seqs_max)
     if 0 in seqs:
-        raise RaftlogError(Reason.INVALID_ARGUMENT, "seqs start at 1; 0 is not a seq",
-                           field="seqs")
+        raise RaftlogError(Reason.INVALID_ARGUMENT, f"{field} start at 1; 0 is not a seq",
+                           field=field)
     return seqs
 
 
@@ -131,12 +131,7 @@ class ConsumerOps:
         auth.current().require_subscribe(request.stream, request.consumer)
         batch = at_most("batch", request.batch or 1, high=limits.fetch_batch_max)
         max_wait_ms = at_most("max_wait_ms", request.max_wait_ms, high=limits.fetch_wait_ms_max)
-        acks = request.ack_seqs
-        if acks:
-            at_most("ack_seqs", len(acks), high=limits.ack_seqs_max)
-            if 0 in acks:
-                raise RaftlogError(Reason.INVALID_ARGUMENT, "ack_seqs start at 1; 0 is not a "
-                                   "seq", field="ack_seqs")
+        acks = _seqs(request.ack_seqs, field="ack_seqs") if request.ack_seqs else ()
 
         async def local() -> consumers_pb2.FetchResponse:
             response = consumers_pb2.FetchResponse()
