@@ -27,7 +27,8 @@ raftlog.v1 figure of the same pattern measured in the same run.
                         SourceStub as numa drives it: ReadFn (read n) + AckFn (their offsets)
                         on a third 3-replica stream; consume only (a source has no produce
                         side; its messages go in through raftlog.v1 PublishBatch, untimed);
-                        divided by "v1 stream". Skipped, with the reason, without pynumaflow.
+                        divided by "v1 stream" (the phase: scripts/bench_numaflow.py).
+                        Skipped, with the reason, without pynumaflow.
 
 "unary" consume = a receive of 1 message and an ack of it (Kafka-Pixy: one ConsumeNAck);
 "batch" consume = a receive of up to 32 (v1 stream 100) and their acks (Waymaker: one Ack per
@@ -44,14 +45,11 @@ A table goes to stderr, ONE JSON document to stdout (and to --json FILE).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,8 +57,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_numaflow  # scripts/ is sys.path[0]
 import grpc
-from bench import BenchCluster  # scripts/ is sys.path[0]
+from bench import BenchCluster
 
 from raftlog.compat import kafkapixy_pb2 as kp
 from raftlog.compat import kafkapixy_pb2_grpc as kp_grpc
@@ -99,9 +98,6 @@ ack_wait_ms = 120_000
 ack_pending_max = 100_000
 consume_timeout_s = 120.0
 GROUP = "bench"
-sidecar_start_timeout_s = 20.0
-sidecar_stop_timeout_s = 10.0
-SERVER_INFO_END = "U+005C__END__"  # the last line numa waits for in the server-info file
 
 # Which raftlog.v1 row each front-end row is divided by.
 BASELINE = {"Waymaker": "v1 stream", "Numaflow": "v1 stream", "Kafka-Pixy": "v1 topic",
@@ -549,85 +545,18 @@ class Bench:
 
     def numaflow(self) -> dict[str, Any]:
         """Raises ImportError without pynumaflow."""
-        pb: Any = __import__("pynumaflow.proto.sourcer.source_pb2", fromlist=["x"])
-        pb_grpc: Any = __import__("pynumaflow.proto.sourcer.source_pb2_grpc", fromlist=["x"])
         name = "benchnf"
         primary = self.make_stream(name)
         self.stream_consumer(primary, name)
         self.fill_stream(primary, name)
         self.fill_stream(primary, name)
-        sockets = Path(tempfile.mkdtemp(prefix="rlbf-", dir="/tmp"))  # socket paths are short
-        socket, info = sockets / "nf.sock", sockets / "nf-server-info"
-        servers = ",".join([primary] + [a for a in self.nodes if a != primary])
-        log = (self.workdir / "numaflow-source.log").open("wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "raftlog.node.cli", "numaflow-source", "--stream", name,
-             "--consumer", GROUP, "--socket", str(socket), "--server-info", str(info),
-             "--server", servers], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + sidecar_start_timeout_s
-            while not (info.exists() and info.read_text().endswith(SERVER_INFO_END)):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the numaflow-source sidecar did not start; log in "
-                                       f"{self.workdir / 'numaflow-source.log'}")
-                time.sleep(0.05)
-            _log(f"numaflow-source sidecar pid {process.pid} on {socket}")
-            return asyncio.run(self._numaflow_phases(pb, pb_grpc, f"unix://{socket}"))
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(sidecar_stop_timeout_s)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(sidecar_stop_timeout_s)
-            log.close()
-            for leftover in (socket, info):
-                leftover.unlink(missing_ok=True)
-            sockets.rmdir()
-
-    async def _numaflow_phases(self, pb: Any, pb_grpc: Any, target: str) -> dict[str, Any]:
-        out = {}
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = pb_grpc.SourceStub(channel)
-            reads, acks = stub.ReadFn(), stub.AckFn()
-            await reads.write(pb.ReadRequest(handshake=pb.Handshake(sot=True)))
-            await reads.read()
-            await acks.write(pb.AckRequest(handshake=pb.Handshake(sot=True)))
-            await acks.read()
-            for phase, batch in (("consume unary", 1), ("consume batch", stream_batch)):
-                latencies: list[float] = []
-                got = 0
-                started = time.perf_counter()
-                deadline = time.monotonic() + consume_timeout_s
-                while got < self.n:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"numaflow: read {got} of {self.n}")
-                    at = time.perf_counter()
-                    await reads.write(pb.ReadRequest(request=pb.ReadRequest.Request(
-                        num_records=min(batch, self.n - got), timeout_in_ms=1000)))
-                    offsets = []
-                    while True:
-                        answer = await asyncio.wait_for(reads.read(), call_timeout_s)
-                        if answer is grpc.aio.EOF:
-                            raise RuntimeError("numaflow: the read stream ended")
-                        if answer.status.eot:
-                            break
-                        offsets.append(answer.result.offset)
-                    if offsets:
-                        await acks.write(pb.AckRequest(request=pb.AckRequest.Request(
-                            offsets=offsets)))
-                        acked = await asyncio.wait_for(acks.read(), call_timeout_s)
-                        if not acked.result.HasField("success"):
-                            raise RuntimeError(f"numaflow ack: {acked}")
-                    latencies.append(time.perf_counter() - at)
-                    got += len(offsets)
-                out[phase] = summary(latencies, got, time.perf_counter() - started)
-                _log(f"{'Numaflow':<12} {phase:<15} {out[phase]['msgs_per_s']:>9,.0f} msgs/s  "
-                     f"p50 {out[phase]['p50_ms']:.3f} ms")
-            await reads.done_writing()
-            await acks.done_writing()
-        return out
+        return bench_numaflow.run(
+            bench_numaflow.Setup(stream=name, consumer=GROUP, messages=self.n,
+                                 batch=stream_batch, workdir=self.workdir,
+                                 servers=[primary] + [a for a in self.nodes if a != primary],
+                                 call_timeout_s=call_timeout_s,
+                                 consume_timeout_s=consume_timeout_s),
+            summarize=summary, log=_log)
 
 
 class QueueTurn:
