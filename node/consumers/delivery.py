@@ -54,6 +54,26 @@ class _Batch:
             self.full = True
         return not self.full
 
+    def add_new(self, entries: list[LogEntry]) -> int:
+        """Adds first deliveries of `entries` (in order) while they fit; returns how many."""
+        if self.bytes_max is not None or isinstance(self.messages, list):
+            for taken, entry in enumerate(entries):
+                if not self.fits(entry):
+                    return taken
+                self.add(entry, deliver_count=1)
+            return len(entries)
+        messages, stream, payload_bytes = self.messages, self.stream, self.payload_bytes
+        payload_max = limits.fetch_bytes_max
+        for taken, entry in enumerate(entries):
+            payload = entry.payload
+            payload_bytes += len(payload)
+            if payload_bytes > payload_max and messages:
+                self.full = True
+                return taken
+            self.payload_bytes = payload_bytes
+            _fill(messages.add(), stream, entry, deliver_count=1)
+        return len(entries)
+
     def add(self, entry: LogEntry, *, deliver_count: int) -> None:
         messages = self.messages
         if isinstance(messages, list):
@@ -148,10 +168,11 @@ class DeliveryManager(SettlementManager):
         if room <= 0 or state.delivery_paused(acked_max=limits.acked_above_floor_max):
             return
         now_s, commit_seq = self._clock.monotonic_s(), found.log.commit_seq
+        if not state.start_seqs and not state.acked_ahead():
+            _deliver_run(found.log, state, out, limit=room, now_s=now_s)
+            return
         for entry in _undelivered(found.log, state, limit=room):
-            if entry.seq > commit_seq:
-                raise InvariantViolation(f"stream {found.log.name}: seq {entry.seq} above "
-                                         f"commit_seq {commit_seq} offered to a consumer")
+            _check_committed(found.log, entry, commit_seq)
             if not out.fits(entry):
                 return
             out.add(entry, deliver_count=state.deliver(entry.seq, now_s=now_s))
@@ -190,11 +211,38 @@ def _undelivered(log: StreamLog, state: DeliveryState, *, limit: int) -> Iterato
         yield entry
         if produced >= limit:
             return
-    if produced == 0 and from_seq <= log.commit_seq and not log.count_matching(
-        from_seq=from_seq, filter_subject=filter_subject
-    ):
-        # Nothing up to the commit matches: move the cursor (and so the ack floor) past it.
+    if produced == 0:
+        _skip_unmatched(log, state, from_seq=from_seq)
+
+
+def _deliver_run(log: StreamLog, state: DeliveryState, out: _Batch, *, limit: int,
+                 now_s: float) -> None:
+    """The common case of `_undelivered` (no start set, nothing acked ahead of the cursor, so
+    nothing to pass over): the next `limit` matching entries are read at once, as many as fit
+    are handed out together, and the state records them in one step."""
+    from_seq = state.delivered_seq + 1
+    entries = list(log.scan(from_seq=from_seq, filter_subject=state.config.filter_subject,
+                            limit=limit))
+    if not entries:
+        _skip_unmatched(log, state, from_seq=from_seq)
+        return
+    _check_committed(log, entries[-1], log.commit_seq)
+    taken = out.add_new(entries)
+    state.deliver_new([entry.seq for entry in entries[:taken]], now_s=now_s)
+
+
+def _skip_unmatched(log: StreamLog, state: DeliveryState, *, from_seq: int) -> None:
+    """After a scan from `from_seq` found nothing: when nothing up to the commit matches, the
+    cursor (and so the ack floor) moves past it."""
+    if from_seq <= log.commit_seq and not log.count_matching(
+            from_seq=from_seq, filter_subject=state.config.filter_subject):
         state.skip_to(log.commit_seq)
+
+
+def _check_committed(log: StreamLog, entry: LogEntry, commit_seq: int) -> None:
+    if entry.seq > commit_seq:
+        raise InvariantViolation(f"stream {log.name}: seq {entry.seq} above commit_seq "
+                                 f"{commit_seq} offered to a consumer")
 
 
 async def _wait_for_work(log: StreamLog, changed: asyncio.Event, *, above_seq: int,

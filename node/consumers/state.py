@@ -93,6 +93,18 @@ class PendingSet:
         self._entries[seq] = Delivery(deliveries, deadline_s, next(self._tokens))
         self._push_timer(seq, self._entries[seq])
 
+    def add_new(self, seqs: Sequence[int], *, deadline_s: float) -> None:
+        """`add` of first deliveries (ascending seqs) sharing one deadline."""
+        if seqs[0] <= self._highest_added:
+            raise InvariantViolation(f"pending seq {seqs[0]} added after {self._highest_added}")
+        self._highest_added = seqs[-1]
+        entries, timers, tokens = self._entries, self._timers, self._tokens
+        for seq in seqs:
+            token = next(tokens)
+            entries[seq] = Delivery(1, deadline_s, token)
+            heapq.heappush(timers, (deadline_s, seq, token))
+        self._rebuild_if_stale()
+
     def reschedule(self, seq: int, *, deadline_s: float, deliveries: int | None = None) -> None:
         entry = self._entries[seq]
         entry.deadline_s = deadline_s
@@ -143,6 +155,9 @@ class PendingSet:
 
     def _push_timer(self, seq: int, entry: Delivery) -> None:
         heapq.heappush(self._timers, (entry.deadline_s, seq, entry.token))
+        self._rebuild_if_stale()
+
+    def _rebuild_if_stale(self) -> None:
         if len(self._timers) + len(self._due) > 2 * len(self._entries) + 64:
             # Stale entries outnumber live ones (e.g. InProgress in a loop): rebuild.
             self._timers = [(e.deadline_s, s, e.token) for s, e in self._entries.items()]
@@ -204,6 +219,16 @@ class DeliveryState:
         self.pending.add(seq, deliveries=1, deadline_s=now_s + self.wait_s(deliveries=1))
         self._move_cursor(seq)
         return 1
+
+    def deliver_new(self, seqs: Sequence[int], *, now_s: float) -> None:
+        """`deliver` of new seqs (ascending, above the cursor) in one step."""
+        if not seqs:
+            return
+        if seqs[0] <= self.delivered_seq:
+            raise InvariantViolation(f"consumer {self.name}: seq {seqs[0]} delivered again "
+                                     f"below the cursor {self.delivered_seq}")
+        self.pending.add_new(seqs, deadline_s=now_s + self.wait_s(deliveries=1))
+        self._move_cursor(seqs[-1])
 
     def skip_to(self, seq: int) -> None:
         """Moves the cursor past seqs that turned out not to need delivery."""

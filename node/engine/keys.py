@@ -59,7 +59,8 @@ def message_key(stream_id: int, seq: int) -> bytes:
 
 
 def message_seq(key: bytes) -> int:
-    return read_u64(key, 8)
+    seq: int = _U64.unpack_from(key, 8)[0]  # not through read_u64: once per message read
+    return seq
 
 
 def index_prefix(stream_id: int, subject: str) -> bytes:

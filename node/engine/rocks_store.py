@@ -125,9 +125,10 @@ class RocksMessageStore:
     def messages(self, stream_id: int, *, lower: int, upper: int) -> Iterator[tuple[int, bytes]]:
         if lower >= upper:
             return
+        seq_of = keys.message_seq
         for key, value in self._storage.scan(CF_MESSAGES, lower=keys.message_key(stream_id, lower),
                                              upper=keys.message_key(stream_id, upper)):
-            yield keys.message_seq(key), value
+            yield seq_of(key), value
 
     def message_seqs(self, stream_id: int, *, lower: int, upper: int) -> Iterator[int]:
         if lower >= upper:

@@ -61,10 +61,18 @@ class StreamReads(StreamCore):
                     if produced >= limit:
                         return
             return
+        decode = storage_pb2.StoredMessage.FromString
+        if not filter_subject:  # every message matches: a hot path (a fetch reads each one)
+            stop = min(limit, limits.scan_examined_max)
+            for examined, (seq, raw) in enumerate(self._committed_items(from_seq), start=1):
+                yield to_entry(seq, decode(raw))
+                if examined >= stop:
+                    return
+            return
         produced = 0
         for examined, (seq, raw) in enumerate(self._committed_items(from_seq), start=1):
-            stored = storage_pb2.StoredMessage.FromString(raw)
-            if not filter_subject or subjects.matches(filter_subject, stored.subject):
+            stored = decode(raw)
+            if subjects.matches(filter_subject, stored.subject):
                 yield to_entry(seq, stored)
                 produced += 1
                 if produced >= limit:

@@ -374,16 +374,33 @@ async def test_new_deliveries_pause_while_too_many_acks_sit_above_a_stuck_floor(
     ([4, 6, 1], [1, 2]),  # exactly at the cap; the next one would pass it
     ([25, 1], [1]),  # the first message always goes, even over the cap
 ])
+@pytest.mark.parametrize("into_answer", [False, True], ids=["list", "answer"])
 @run_async
 async def test_fetch_stops_at_fetch_bytes_max(monkeypatch: pytest.MonkeyPatch,
                                               payload_sizes: list[int],
-                                              expected: list[int]) -> None:
+                                              expected: list[int], into_answer: bool) -> None:
+    """Into a list, and into an answer's own field (the service's path, which hands a run of
+    new messages out at once): the same cut, and the rest comes with the next fetch."""
     monkeypatch.setattr(limits, "fetch_bytes_max", 10)
     env = make_env()
     for size in payload_sizes:
         env.log.append("a", b"x" * size)
     await env.create()
-    assert await env.fetch() == expected
+
+    async def fetch() -> list[int]:
+        if not into_answer:
+            return await env.fetch()
+        answer = consumers_pb2.FetchResponse()
+        await env.manager.fetch(STREAM, "c", batch=100, max_wait_ms=0, into=answer.messages)
+        return [m.seq for m in answer.messages]
+
+    assert await fetch() == expected
+    assert (env.state().delivered_seq, env.state().num_ack_pending) == \
+        (expected[-1], len(expected))
+    rest = []
+    while batch := await fetch():
+        rest += batch
+    assert rest == list(range(expected[-1] + 1, len(payload_sizes) + 1))
 
 
 @run_async
@@ -508,7 +525,10 @@ async def test_a_scan_that_offers_an_uncommitted_message_is_refused() -> None:
     env.log.scan = functools.partial(MemoryStreamLog.scan, env.log)  # type: ignore[method-assign]
     with pytest.raises(InvariantViolation):
         await env.fetch()
-    assert env.state().delivered_seq == 1  # seq 2 was never handed out
+    # The run the scan offered is checked before any of it is handed out: neither seq 1 nor
+    # seq 2 was, and the cursor did not move.
+    assert env.state().delivered_seq == 0
+    assert env.state().num_ack_pending == 0
 
 
 # --------------------------------------------------------------------------- acks
