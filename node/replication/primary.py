@@ -258,8 +258,9 @@ class StreamReplicator:
     def send_new(self) -> None:
         """Sends what is new to each replica now (as far as its pipeline allows)."""
         self._kick_due = False
+        read: dict[tuple[int, int], list[bytes]] = {}  # replicas at one position share a read
         for progress in self.progress.values():
-            self._maybe_send(progress)
+            self._maybe_send(progress, read=read)
 
     def on_local_durable(self) -> None:
         self._recompute_commit()
@@ -324,9 +325,11 @@ class StreamReplicator:
 
     # --- sending
 
-    def _maybe_send(self, progress: ReplicaProgress) -> None:
+    def _maybe_send(self, progress: ReplicaProgress,
+                    read: dict[tuple[int, int], list[bytes]] | None = None) -> None:
         """Sends the next batch to one replica, pipelined up to
-        limits.replication_inflight_max batches."""
+        limits.replication_inflight_max batches. `read`: the values read for other replicas
+        in this same turn, by (from_seq, to_seq)."""
         if self.stopped or len(progress.inflight) >= limits.replication_inflight_max:
             return
         if progress.next_seq is None and progress.inflight:
@@ -346,11 +349,15 @@ class StreamReplicator:
             commit_seq=stream.commit_seq, head_seq=stream.first_seq, history=self._history_pb,
             first_seq=progress.next_seq or stream.last_seq + 1, reseed=progress.reseed)
         if unsent and progress.next_seq is not None:
-            values = stream.stored_values(
-                from_seq=progress.next_seq,
-                to_seq=min(stream.last_seq,
-                           progress.next_seq + limits.replication_batch_messages_max - 1),
-                bytes_max=limits.replication_batch_bytes_max)
+            span = (progress.next_seq,
+                    min(stream.last_seq,
+                        progress.next_seq + limits.replication_batch_messages_max - 1))
+            values = None if read is None else read.get(span)
+            if values is None:
+                values = stream.stored_values(from_seq=span[0], to_seq=span[1],
+                                              bytes_max=limits.replication_batch_bytes_max)
+                if read is not None:
+                    read[span] = values
             request.messages.extend(values)
             request.checksum = zlib.crc32(b"".join(values))
         if removed:

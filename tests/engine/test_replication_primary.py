@@ -170,6 +170,33 @@ def test_a_publish_commits_once_a_majority_holds_it(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_replicas_at_one_position_share_one_read_of_the_new_messages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish sends the same new messages to both replicas: the primary reads them from its
+    store once, and each replica gets all of them."""
+
+    async def body(c: Cluster) -> None:
+        await c.publish(b"warm")  # both replicas confirmed, at the same position
+        reads: list[tuple[int, int]] = []
+        stored_values = c.primary.stored_values
+
+        def counted(*, from_seq: int, to_seq: int, bytes_max: int) -> list[bytes]:
+            reads.append((from_seq, to_seq))
+            return stored_values(from_seq=from_seq, to_seq=to_seq, bytes_max=bytes_max)
+
+        monkeypatch.setattr(c.primary, "stored_values", counted)
+        c.heard.clear()
+        assert await c.publish(b"a", b"b", b"c") == [2, 3, 4]
+        assert reads == [(2, 4)]
+        sent = sorted((to, list(r.messages)) for to, r in c.heard if r.messages)
+        assert [to for to, _ in sent] == [R1, R2]
+        assert sent[0][1] == sent[1][1] and len(sent[0][1]) == 3
+        await c.until(lambda: all(c.replica(n).last_seq == 4 for n in (R1, R2)),
+                      what="both replicas hold 2..4")
+
+    run(tmp_path, body)
+
+
 def test_a_publish_without_a_majority_fails_with_no_quorum_within_the_lease(
         tmp_path: Path) -> None:
     """Both replicas cut off: the message is stored and fsynced on the primary alone, never
