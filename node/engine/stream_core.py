@@ -51,9 +51,13 @@ class SubjectStat:
     last_seq: int
 
 
-def stored_size(stored: storage_pb2.StoredMessage | streams_pb2.PublishEntry) -> int:
-    """Bytes a message counts for in limits: subject, payload and headers."""
-    size = len(stored.payload) + len(stored.subject.encode())
+def stored_size(stored: storage_pb2.StoredMessage | streams_pb2.PublishEntry,
+                subject_bytes: int | None = None) -> int:
+    """Bytes a message counts for in limits: subject, payload and headers. `subject_bytes`:
+    the subject's encoded length, when the caller knows it already."""
+    if subject_bytes is None:
+        subject_bytes = len(stored.subject.encode())
+    size = len(stored.payload) + subject_bytes
     headers = stored.headers
     if headers:  # most messages have none; iterating an empty one costs as much (hot path)
         for header in headers:

@@ -81,7 +81,7 @@ class StreamReplica(StreamCore):
         """Stores the primary's messages from `first_seq` on, as runs of seqs; an empty value
         was removed on the primary before it was sent and is a hole here."""
         record, stats = self.record, self.subject_stats
-        refs: dict[str, bytes] = {}
+        refs: dict[str, tuple[bytes, int]] = {}  # subject: its ref and encoded length
         run_first = first_seq
         run_values: list[bytes] = []
         run_refs: list[bytes] = []
@@ -95,9 +95,11 @@ class StreamReplica(StreamCore):
                 record.last_epoch = epoch_of(seq, history, default=record.last_epoch)
                 continue
             subject = stored.subject
-            ref = refs.get(subject)
-            if ref is None:
-                ref = refs[subject] = self._store.subject_ref(self.stream_id, subject)
+            known = refs.get(subject)
+            if known is None:
+                known = refs[subject] = (self._store.subject_ref(self.stream_id, subject),
+                                         len(subject.encode()))
+            ref, subject_bytes = known
             if not run_values:
                 run_first = seq
             run_values.append(value)
@@ -114,7 +116,7 @@ class StreamReplica(StreamCore):
             record.last_seq = seq
             record.last_epoch = stored.epoch
             record.messages += 1
-            record.bytes += stored_size(stored)
+            record.bytes += stored_size(stored, subject_bytes)
             if record.messages == 1:
                 record.first_seq = seq
         if run_values:
