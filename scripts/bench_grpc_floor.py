@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from raftlog.base import children
 from raftlog.chaos import procstat
 from raftlog.node.cli.loadgen import percentile
 from raftlog.v1 import streams_pb2
@@ -186,12 +187,7 @@ def measure(*, seconds: float = phase_s) -> dict[str, Any]:
             return {"error": "the bare grpc.aio server did not start"}
         return asyncio.run(_measure(server.pid, port, seconds))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=server_stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        children.end(server, timeout_s=server_stop_timeout_s)
 
 
 def _wait_ready(server: subprocess.Popen[str]) -> int | None:

@@ -8,7 +8,6 @@ own stubs, the way numa does: ReadFn of 1 and of a batch, each read's offsets ac
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from raftlog.base import children
 
 sidecar_start_timeout_s = 20.0
 sidecar_stop_timeout_s = 10.0
@@ -63,13 +64,7 @@ def run(setup: Setup, *, summarize: Summarize, log: Callable[[str], None]) -> di
         log(f"numaflow-source sidecar pid {process.pid} on {socket}")
         return asyncio.run(_phases(setup, pb, pb_grpc, f"unix://{socket}", summarize, log))
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(sidecar_stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(sidecar_stop_timeout_s)
+        children.end(process, timeout_s=sidecar_stop_timeout_s)
         output.close()
         for leftover in (socket, info):
             leftover.unlink(missing_ok=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from raftlog.base import children
 from raftlog.chaos.powerfs import control
 from raftlog.chaos.powerfs.faults import FAULT_OPS
 from raftlog.chaos.powerfs.install import LIBFUSE_ENV
@@ -246,12 +246,7 @@ class PowerFs:
         try:
             self._process.wait(timeout=unmount_timeout_s)
         except subprocess.TimeoutExpired:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=unmount_timeout_s)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=unmount_timeout_s)
+            children.end(self._process, timeout_s=unmount_timeout_s)
             if _is_mount(self.mountpoint):
                 _fusermount_unmount(self.mountpoint, lazy=True)
 

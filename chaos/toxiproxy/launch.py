@@ -19,6 +19,8 @@ import time
 from types import TracebackType
 from typing import IO
 
+from raftlog.base import children
+
 binary_name = "toxiproxy-server"
 start_s_max = 20.0  # from spawning the process until /version answers
 stop_s_max = 10.0  # SIGTERM to exit, then SIGKILL
@@ -54,13 +56,7 @@ class ToxiproxyProcess:
         return self._log.read().decode(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(stop_s_max)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(stop_s_max)
+        children.end(self.process, timeout_s=stop_s_max)
         if not self._log.closed:
             self._final_output = self.output()
             self._log.close()

@@ -308,7 +308,7 @@ class StreamOps:
         # All or nothing: a denied entry stores none. Each subject once, in the entries' order.
         for subject in dict.fromkeys(entry.subject for entry in request.entries):
             identity.require_publish(subject)
-        admit_caller(self.quotas, auth.current(), request.entries)
+        admit_caller(self.quotas, identity, request.entries)
 
         async def local() -> streams_pb2.PublishBatchResponse:
             self._admit(request.stream, request.entries)

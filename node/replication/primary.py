@@ -258,7 +258,7 @@ class StreamReplicator:
     def send_new(self) -> None:
         """Sends what is new to each replica now (as far as its pipeline allows)."""
         self._kick_due = False
-        read: dict[tuple[int, int], list[bytes]] = {}  # replicas at one position share a read
+        read: dict[tuple[int, int], tuple[list[bytes], int]] = {}  # one read per position
         for progress in self.progress.values():
             self._maybe_send(progress, read=read)
 
@@ -326,10 +326,11 @@ class StreamReplicator:
     # --- sending
 
     def _maybe_send(self, progress: ReplicaProgress,
-                    read: dict[tuple[int, int], list[bytes]] | None = None) -> None:
+                    read: dict[tuple[int, int], tuple[list[bytes], int]] | None = None
+                    ) -> None:
         """Sends the next batch to one replica, pipelined up to
-        limits.replication_inflight_max batches. `read`: the values read for other replicas
-        in this same turn, by (from_seq, to_seq)."""
+        limits.replication_inflight_max batches. `read`: the values (and their checksum) read
+        for other replicas in this same turn, by (from_seq, to_seq)."""
         if self.stopped or len(progress.inflight) >= limits.replication_inflight_max:
             return
         if progress.next_seq is None and progress.inflight:
@@ -352,14 +353,15 @@ class StreamReplicator:
             span = (progress.next_seq,
                     min(stream.last_seq,
                         progress.next_seq + limits.replication_batch_messages_max - 1))
-            values = None if read is None else read.get(span)
-            if values is None:
+            known = None if read is None else read.get(span)
+            if known is None:
                 values = stream.stored_values(from_seq=span[0], to_seq=span[1],
                                               bytes_max=limits.replication_batch_bytes_max)
+                known = (values, zlib.crc32(b"".join(values)))
                 if read is not None:
-                    read[span] = values
-            request.messages.extend(values)
-            request.checksum = zlib.crc32(b"".join(values))
+                    read[span] = known
+            request.messages.extend(known[0])
+            request.checksum = known[1]
         if removed:
             request.removed.extend(replication_pb2.SeqRange(first=a, last=b)
                                    for a, b in to_ranges(removed))

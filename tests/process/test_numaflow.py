@@ -45,6 +45,7 @@ import grpc
 import pytest
 from google.protobuf import empty_pb2
 
+from raftlog.base import children
 from raftlog.base.topics import parse_partition_stream, partition_stream
 from raftlog.chaos.cluster import LocalCluster
 from raftlog.chaos.nodeproc import wait_until
@@ -149,13 +150,7 @@ def started(argv: list[str], *, socket: Path, info: Path,
             time.sleep(0.05)
         yield served
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(stop_timeout_s)
+        children.end(process, timeout_s=stop_timeout_s)
 
 
 def sidecar(cluster: LocalCluster, sockets: Path, stream: str, *extra: str,
