@@ -402,6 +402,8 @@ async def _run_phases(node: BenchNode | BenchCluster, plan: Plan, address: str
             )
             summary = await _measure(f"{label}, batch {fetch_batch}", node, fetch)
             summary["batch"] = fetch_batch
+            if group == "fetch_ack":
+                summary["ack_calls_in_flight"] = loadgen.ack_calls_inflight_max
             results[group][f"batch_{fetch_batch}"] = summary
         info = await client.streams.GetStreamInfo(
             streams_pb2.GetStreamInfoRequest(name=stream_name), timeout=client.deadline_s()

@@ -201,8 +201,11 @@ def table(document: dict[str, Any]) -> str:
     phase("client-streaming publish", rl["stream_publish"], latency=False)
     if "frames_publish" in rl:
         phase("frame streaming, 100/frame", rl["frames_publish"], latency=True)
-    phase("fetch(100) + ack", rl["fetch_ack"]["batch_100"], latency=False)
-    phase("fetch(1000) + ack", rl["fetch_ack"]["batch_1000"], latency=False)
+    for size, figures in rl["fetch_ack"].items():
+        depth = figures.get("ack_calls_in_flight")
+        label = f"fetch({size.removeprefix('batch_')}) + ack"
+        phase(label if depth is None else f"{label}, {depth} Ack calls in flight", figures,
+              latency=False)
     for size, figures in rl.get("fetch_carried", {}).items():
         phase(f"fetch({size.removeprefix('batch_')}) carrying acks", figures, latency=False)
     parts = [

@@ -37,7 +37,8 @@ def _run(scale: float) -> dict[str, Any]:
                           "batch_1000": _phase(40_000 * scale)},
         "stream_publish": _phase(8000 * scale),
         "frames_publish": _phase(15_000 * scale),
-        "fetch_ack": {"batch_100": _phase(7000 * scale), "batch_1000": _phase(30_000 * scale)},
+        "fetch_ack": {"batch_100": {**_phase(7000 * scale), "ack_calls_in_flight": 32},
+                      "batch_1000": {**_phase(30_000 * scale), "ack_calls_in_flight": 32}},
         "fetch_carried": {"batch_100": _phase(9000 * scale),
                           "batch_1000": _phase(32_000 * scale)},
     }
@@ -71,7 +72,10 @@ def test_one_run_has_no_spread_and_the_table_leaves_it_out(br: ModuleType) -> No
     assert all(item["spread"] is None and item["met"] is None for item in spread.values())
     document = {"raftlog": merged, "spread": spread, "jetstream": None, "targets": {},
                 "meta": {"replicas": 3, "payload_bytes": 128, "repeat": 1}}
-    assert "spread over" not in br.table(document)
+    text = br.table(document)
+    assert "spread over" not in text
+    assert "fetch(100) + ack, 32 Ack calls in flight" in text  # the loop's depth is shown
+    assert "fetch(1000) + ack, 32 Ack calls in flight" in text
     merged, spread = br.merge_runs([_run(1.0), _run(1.5)])
     document.update(raftlog=merged, spread=spread, meta={**document["meta"], "repeat": 2})
     text = br.table(document)
