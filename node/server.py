@@ -8,6 +8,7 @@ limits.drain_grace_s, fsync, and close RocksDB.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -525,6 +526,7 @@ async def serve(config: NodeConfig) -> None:
     except BaseException:
         await node.stop()
         raise
+    gc.freeze()  # what the start built lives as long as the node: out of every collection
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -550,6 +552,8 @@ def run(config: NodeConfig) -> int:
     # Repeated lines (same logger and template) are rate limited.
     log_limit.install(window_s=config.log_repeat_window_s)
     sys.setswitchinterval(limits.gil_switch_interval_s)  # DESIGN §3
+    gc.set_threshold(limits.gc_young_objects, limits.gc_middle_collections,
+                     limits.gc_old_collections)
     try:
         asyncio.run(serve(config))
     except RaftlogError as err:  # a configuration the node cannot start with
