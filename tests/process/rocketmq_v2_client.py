@@ -7,8 +7,13 @@ prints one JSON document on stdout.
                                                  with GROUPS (a,b,...) FIFO ones, message i
                                                  in group i % len(GROUPS)
     consume ENDPOINT TOPIC GROUP JSON_PLAN       receive as the plan says, print what came
-    push ENDPOINT TOPIC GROUP RUN_S              a PushConsumer whose listener fails "bad*"
-                                                 messages, for RUN_S seconds
+    push ENDPOINT TOPIC GROUP RUN_S [GOOD BAD QUIET_S]
+                                                 a PushConsumer whose listener fails "bad*"
+                                                 messages, for RUN_S seconds; or, with GOOD
+                                                 and BAD, until it consumed GOOD distinct
+                                                 other ones and was called BAD times for
+                                                 "bad*" ones, then QUIET_S seconds more (any
+                                                 call past those shows), RUN_S at most
     delayed ENDPOINT TOPIC DELAY_MS              send one message due DELAY_MS from now
     recall ENDPOINT TOPIC DELAY_MS               send one message due DELAY_MS from now, recall
                                                  it, then recall it again
@@ -132,17 +137,30 @@ class _Listener(MessageListener):
         return ConsumeResult.FAILURE if body.startswith("bad") else ConsumeResult.SUCCESS
 
 
-def push(endpoint: str, topic: str, group: str, run_s: float) -> list[dict[str, Any]]:
-    """A PushConsumer of `group` for `run_s` seconds; prints every call of its listener."""
+def push(endpoint: str, topic: str, group: str, run_s: float,
+         until: tuple[int, int, float] | None = None) -> list[dict[str, Any]]:
+    """A PushConsumer of `group` for `run_s` seconds, or until `until` (good, bad, quiet_s)
+    as the module says; prints every call of its listener."""
     listener = _Listener()
     consumer = PushConsumer(_config(endpoint), group, listener,
                             {topic: FilterExpression("*")})
     consumer.startup()
+    deadline = time.monotonic() + run_s
     try:
-        time.sleep(run_s)
+        while time.monotonic() < deadline:
+            if until is not None and _pushed_all(listener.seen, until[0], until[1]):
+                time.sleep(max(0.0, min(deadline - time.monotonic(), until[2])))
+                break
+            time.sleep(0.1)
     finally:
         consumer.shutdown()
     return listener.seen
+
+
+def _pushed_all(seen: list[dict[str, Any]], good: int, bad: int) -> bool:
+    calls = list(seen)  # the listener's threads append meanwhile
+    done = {m["message_id"] for m in calls if not m["body"].startswith("bad")}
+    return len(done) >= good and sum(m["body"].startswith("bad") for m in calls) >= bad
 
 
 class _Checker(TransactionChecker):
@@ -234,7 +252,8 @@ def main(argv: list[str]) -> None:
     elif mode == "consume":
         out = consume(endpoint, topic, rest[0], json.loads(rest[1]))
     elif mode == "push":
-        out = push(endpoint, topic, rest[0], float(rest[1]))
+        until = (int(rest[2]), int(rest[3]), float(rest[4])) if len(rest) > 2 else None
+        out = push(endpoint, topic, rest[0], float(rest[1]), until)
     elif mode == "delayed":
         out = delayed(endpoint, topic, int(rest[0]))
     elif mode == "recall":

@@ -13,11 +13,13 @@ up`, `--master spark://...`, `cluster down`), with the same findings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -41,11 +43,43 @@ restart_timeout_s = 30.0  # one `raftlog audit ...` process (a Spark session sta
 
 
 def audit(*argv: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "raftlog.audit", *argv], capture_output=True,
-                          text=True, timeout=command_timeout_s, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "RAFTLOG_SECRET_FILE": ""}, check=False)
-    assert done.returncode in ok, (argv, done.returncode, done.stdout, done.stderr)
-    return done
+    return finish(start(*argv), ok=ok)
+
+
+def start(*argv: str) -> subprocess.Popen[str]:
+    """`raftlog audit ARGV` started in its own process; `finish` waits for it."""
+    return subprocess.Popen([sys.executable, "-m", "raftlog.audit", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "RAFTLOG_SECRET_FILE": ""})
+
+
+def finish(running: subprocess.Popen[str], *, ok: tuple[int, ...] = (0,)
+           ) -> subprocess.CompletedProcess[str]:
+    """Its outcome, once it ended (killed past command_timeout_s); its status must be in `ok`."""
+    try:
+        stdout, stderr = running.communicate(timeout=command_timeout_s)
+    finally:
+        stop_running([running])
+    assert running.returncode in ok, (running.args, running.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
+
+
+def finish_all(started: list[subprocess.Popen[str]], *, ok: tuple[int, ...] = (0,)
+               ) -> list[subprocess.CompletedProcess[str]]:
+    """`finish` of each in turn; when one fails, the others still running are killed."""
+    try:
+        return [finish(running, ok=ok) for running in started]
+    finally:
+        stop_running(started)
+
+
+def stop_running(started: list[subprocess.Popen[str]]) -> None:
+    """Kills and reaps each process that has not ended (a failure or a timeout before it)."""
+    for running in started:
+        if running.poll() is None:
+            running.kill()
+            running.communicate()
 
 
 def divergences(report: Path) -> set[tuple[str, str, int]]:
@@ -55,21 +89,39 @@ def divergences(report: Path) -> set[tuple[str, str, int]]:
             if row["stream"] == STREAM}
 
 
-def audit_on_standalone(export: Path, tmp_path: Path) -> set[tuple[str, str, int]]:
-    """The export audited on a local Spark standalone cluster (`raftlog audit cluster up`,
-    `run --master spark://...`, `cluster down`): its findings."""
-    spark_dir, out = tmp_path / "spark-cluster", tmp_path / "found-standalone"
-    up = audit("cluster", "up", "--dir", str(spark_dir))
+@contextmanager
+def standalone_cluster(tmp_path: Path) -> Iterator[Callable[[], str]]:
+    """A local Spark standalone cluster (`raftlog audit cluster up`, then `cluster down`),
+    started at once in the background; the function given waits for it: its master's URL."""
+    spark_dir = tmp_path / "spark-cluster"
+    starting = start("cluster", "up", "--dir", str(spark_dir))
+
+    def master() -> str:
+        url = finish(starting).stdout.split()[-1]  # its last line: the master's URL
+        assert url.startswith("spark://127.0.0.1:"), url
+        return url
     try:
-        master = up.stdout.split()[-1]  # its last line: the master's URL
-        assert master.startswith("spark://127.0.0.1:"), master
-        done = audit("run", "--input", str(export), "--out", str(out), "--master", master,
-                     ok=(1,))
-        assert STREAM in done.stdout
-        report = json.loads((out / "report.json").read_text())
-        assert report["spark"]["master"] == master, report["spark"]
+        yield master
     finally:
-        audit("cluster", "down", "--dir", str(spark_dir))
+        if starting.poll() is None:  # still starting: `down` needs what `up` records
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                starting.communicate(timeout=command_timeout_s)
+            stop_running([starting])
+        if starting.returncode == 0:
+            audit("cluster", "down", "--dir", str(spark_dir))
+
+
+def run_on_standalone(export: Path, master: str, out: Path) -> subprocess.Popen[str]:
+    """`raftlog audit run` of the export on the standalone cluster at `master`, started."""
+    return start("run", "--input", str(export), "--out", str(out), "--master", master)
+
+
+def standalone_findings(done: subprocess.CompletedProcess[str], master: str, out: Path
+                        ) -> set[tuple[str, str, int]]:
+    """What the audit on the standalone cluster found (checking that it ran there)."""
+    assert STREAM in done.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["spark"]["master"] == master, report["spark"]
     return divergences(out / "report.json")
 
 
@@ -164,12 +216,22 @@ def test_divergences_are_found_repaired_through_the_peer_api_and_audit_clean(
     inject.change_epoch(dirs[second], STREAM, seq=30, epoch=7)
     tail = inject.append_tail(dirs[second], STREAM, count=3)
 
+    # The offline steps (no node runs) overlap: the Spark standalone cluster starts while the
+    # three exports run at once; the local audit and the one on the standalone cluster run
+    # side by side.
     offline = tmp_path / "offline"
-    for node, data_dir in dirs.items():
-        audit("export", "--data-dir", str(data_dir), "--node-id", node, "--out", str(offline))
-    found_dir = tmp_path / "found"
-    done = audit("run", "--input", str(offline), "--out", str(found_dir), "--master",
-                 "local[2]", ok=(1,))
+    with standalone_cluster(tmp_path) as standalone_master:
+        finish_all([start("export", "--data-dir", str(data_dir), "--node-id", node, "--out",
+                          str(offline)) for node, data_dir in dirs.items()])
+        found_dir, standalone_dir = tmp_path / "found", tmp_path / "found-standalone"
+        started = [start("run", "--input", str(offline), "--out", str(found_dir), "--master",
+                         "local[2]")]
+        try:
+            master = standalone_master()
+            started.append(run_on_standalone(offline, master, standalone_dir))
+            done, on_standalone = finish_all(started, ok=(1,))
+        finally:
+            stop_running(started)
     assert STREAM in done.stdout
     found = divergences(found_dir / "report.json")
     expected = {("HOLE", first, 10), ("CONTENT", first, 20), ("EPOCH", second, 30),
@@ -182,7 +244,8 @@ def test_divergences_are_found_repaired_through_the_peer_api_and_audit_clean(
     planned = json.loads(plan.read_text())["actions"]
     consumer_steps = {(a["holder"], a["ack_floor"]) for a in planned if a["action"] == "consumer"}
     assert consumer_steps == {("raft", KEPT), ("store", KEPT)}, planned
-    assert audit_on_standalone(offline, tmp_path) == found, "the same findings on a cluster"
+    assert standalone_findings(on_standalone, master, standalone_dir) == found, \
+        "the same findings on a cluster"
 
     for i in (1, 2, 3):  # the same ports and data again
         cluster.start(i)

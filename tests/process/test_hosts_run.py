@@ -28,9 +28,12 @@ def test_a_short_hosts_run_with_kills_and_partitions_is_clean(tmp_path: Path) ->
     reason = hosts.ensure_hosts()
     if reason is not None:
         pytest.skip(f"hosts mode unusable: {reason}")
+    # Seed 84 draws partition-primary at ~3 s (4 s long), then kill-primary at ~10 s (4.3 s
+    # long): the iptables partition always fits in the 17 s, the kill too unless the heal runs
+    # late. A new seed needs its schedule checked again (report.json's faults).
     done = subprocess.run(
         [sys.executable, "-m", "raftlog.chaos", "run", "--hosts", "--nodes", "3", "--duration",
-         "20", "--nemesis", "partition-primary,kill-primary", "--seed", "7", "--dir",
+         "17", "--nemesis", "partition-primary,kill-primary", "--seed", "84", "--dir",
          str(tmp_path), "--no-audit"],
         capture_output=True, text=True, timeout=run_timeout_s, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -41,7 +44,8 @@ def test_a_short_hosts_run_with_kills_and_partitions_is_clean(tmp_path: Path) ->
     assert report["acknowledged"] > 500
     assert {fault["name"] for fault in report["faults"]} <= {"partition-primary", "kill-primary"}
     assert report["faults"], "the schedule broke nothing"
-    assert report["replay"].endswith("--seed 7 --hosts")
+    assert "partition-primary" in {fault["name"] for fault in report["faults"]}
+    assert report["replay"].endswith("--seed 84 --hosts")
     assert report["audit"]["status"] == "skipped"  # --no-audit reached the inside run
     log = (tmp_path / "cluster" / "n1.log").read_text()
     assert "serving gRPC on 10." in log  # the node bound its own address

@@ -243,7 +243,9 @@ def test_a_push_consumer_retries_with_the_group_back_off_then_dead_letters(
     drain_warm_up(cluster, topic, "workers", max_deliver=3, backoff_ms=[1000])
     sent = client("produce", cluster.address(1), topic, "4", "ok")
     (bad,) = client("produce", cluster.address(2), topic, "1", "bad")
-    seen = client("push", cluster.address(3), topic, "workers", "12")
+    # Until the 4 good ones are consumed and the bad one was tried twice, then 5 s more, in
+    # which a third attempt (the back-off is 1 s) would show; 30 s at most.
+    seen = client("push", cluster.address(3), topic, "workers", "30", "4", "2", "5")
     good = sorted(m["message_id"] for m in seen if m["body"].startswith("ok"))
     assert good == sorted(s["message_id"] for s in sent), seen
     assert [m["attempt"] for m in seen if m["body"] == "bad-0"] == [1, 2], seen
