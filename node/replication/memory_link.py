@@ -11,8 +11,8 @@ gRPC stream. Faults are per direction (from, to) and take effect at once:
   break (`LinkReset`), like a lost connection; `restore(a, b)` heals it.
 - `drop(a, b)`: requests vanish (and with `acks=True` the answers too) while the call stays
   open, like a peer that stopped answering: the link notices only by its request timeout.
-- `delay(a, b, s)`: every request and every answer is held `s` seconds (event loop time), in
-  order.
+- `delay(a, b, s)`: every request and every answer arrives `s` seconds (event loop time)
+  after it was sent, in order, like a slow pipe: what is sent meanwhile is in flight together.
 
 `taps` see each request as it is delivered (tests check what travelled).
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from raftlog.internal import replication_pb2
 from raftlog.node.replication.links import LinkReset
@@ -187,10 +187,7 @@ class MemoryCall(QueuedCall):
             return
         answers = endpoint.replicate(self._deliver(requests))
         try:
-            async for ack in answers:
-                delay_s = self._faults().delay_s
-                if delay_s > 0:
-                    await asyncio.sleep(delay_s)
+            async for ack in _delayed(answers, self._faults):
                 if not self._faults().drop_acks:
                     self._answers.put_nowait(ack)
         except Exception as err:  # the handler failed: the call ends with an error status
@@ -202,10 +199,7 @@ class MemoryCall(QueuedCall):
 
     async def _deliver(self, requests: AsyncIterator[replication_pb2.ReplicateRequest]
                        ) -> AsyncIterator[replication_pb2.ReplicateRequest]:
-        async for request in requests:
-            delay_s = self._faults().delay_s
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
+        async for request in _delayed(requests, self._faults):
             if self._done or self._faults().drop_requests:
                 continue
             for tap in self._network.taps:
@@ -219,3 +213,37 @@ class MemoryCall(QueuedCall):
         if not self._done:
             self._finish(end)
             self.task.cancel()
+
+
+_Item = TypeVar("_Item")
+
+
+async def _delayed(items: AsyncIterator[_Item], faults: Callable[[], LinkFaults]
+                   ) -> AsyncIterator[_Item]:
+    """`items`, each once `faults().delay_s` has passed since it came (in order; items that
+    come meanwhile wait together, not one after another)."""
+    loop = asyncio.get_running_loop()
+    came: asyncio.Queue[tuple[float, _Item] | Exception | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                came.put_nowait((loop.time(), item))
+        except Exception as err:
+            came.put_nowait(err)
+            return
+        came.put_nowait(None)
+
+    task = loop.create_task(pump())
+    try:
+        while (entry := await came.get()) is not None:
+            if isinstance(entry, Exception):
+                raise entry
+            came_at, item = entry
+            wait_s = came_at + faults().delay_s - loop.time()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            yield item
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -23,7 +23,9 @@ the commit rule, and the read lease.
   primary's epoch notifies it before it acknowledges anything sent later, so the lease never
   outlives a fence by more than that. Failover waits longer than the lease of silence
   (`limits.failover_after_s`) before it picks a successor. Writes fail fast (NO_QUORUM) once
-  the lease has lapsed.
+  a majority has been silent for a lease: for them a replica counts while any answer of
+  its link *arrived* within the lease (a slow replica whose answers come later than the lease
+  after their requests still commits writes; the commit rule, not the lease, keeps them safe).
 
 The timings and sizes are the `replication_*` names (and `primary_lease_s`,
 `heartbeat_commits_sent_max`) in base/limits.py.
@@ -84,6 +86,7 @@ class PeerLink:
         self._sent: collections.deque[tuple[int, float]] = collections.deque()  # in order
         self.last_sent_s = -1e9
         self.acked_sent_s = -1e9  # send time of the latest request the replica acknowledged
+        self.heard_s = -1e9  # when the latest answer of the replica arrived
         self.created_s = clock.monotonic_s()
         self.call_opened_s: float | None = None  # when the current call opened (None: none)
         self.commits: dict[str, tuple[int, int]] = {}  # stream -> (epoch, commit seq) to tell
@@ -150,6 +153,7 @@ class PeerLink:
                     replicator.send_new()
 
     def _on_answer(self, ack: replication_pb2.ReplicateAck) -> None:
+        self.heard_s = self._clock.monotonic_s()
         if ack.request_id:
             while self._sent and self._sent[0][0] <= ack.request_id:
                 request_id, sent_s = self._sent.popleft()
@@ -277,9 +281,9 @@ class StreamReplicator:
                                retry_after_ms=int(limits.replication_heartbeat_s * 1000))
 
     def check_writable(self) -> None:
-        """Fails fast (NO_QUORUM, retryable) when a majority of the replicas has not answered
-        within the lease: a write would only wait for a commit that cannot come. A link just
-        opened counts as answering for its first lease."""
+        """Fails fast (NO_QUORUM, retryable) when no answer of a majority of the replicas
+        arrived within the lease: a write would only wait for a commit that cannot come. A
+        link just opened counts as answering for its first lease."""
         if self.lease_remaining_s(writes=True) <= 0:
             raise RaftlogError(Reason.NO_QUORUM, f"the primary of {self.stream.name!r} cannot "
                                "reach a majority of its replicas; retry with the same msg_id",
@@ -294,10 +298,12 @@ class StreamReplicator:
         stream (a fence since would have come on it as a notice). A call opened later, e.g.
         after a partition healed, carries heartbeats that any node answers, also one that
         follows a newer primary of this stream by now and whose fence notice went down with
-        the old call."""
+        the old call. For writes, a replica counts from the arrival of its link's latest
+        answer (see the module docstring)."""
         now = self._clock.monotonic_s()
-        contacts = sorted([now, *(self._links.acked_sent_s(n, opened_counts=writes)
-                                  if writes or self._lease_counts(n, p) else -1e9
+        contacts = sorted([now, *(self._links.heard_s(n) if writes
+                                  else self._links.acked_sent_s(n)
+                                  if self._lease_counts(n, p) else -1e9
                                   for n, p in self.progress.items())], reverse=True)
         return contacts[majority(self.replica_count) - 1] + limits.primary_lease_s - now
 
@@ -479,13 +485,18 @@ class LinkSet:
         link = self._links.get(node_id)
         return None if link is None else link.call_opened_s
 
-    def acked_sent_s(self, node_id: str, *, opened_counts: bool = False) -> float:
-        """Send time of the latest request the node acknowledged; with `opened_counts`, a
-        link's opening counts as one (a link not opened yet: now)."""
+    def acked_sent_s(self, node_id: str) -> float:
+        """Send time of the latest request the node acknowledged (the read lease's clock)."""
+        link = self._links.get(node_id)
+        return -1e9 if link is None else link.acked_sent_s
+
+    def heard_s(self, node_id: str) -> float:
+        """When the node's latest answer arrived, a link's opening counting as one (a link
+        not opened yet: now); the clock of the writes' fail-fast."""
         link = self._links.get(node_id)
         if link is None:
-            return self._clock.monotonic_s() if opened_counts else -1e9
-        return max(link.acked_sent_s, link.created_s) if opened_counts else link.acked_sent_s
+            return self._clock.monotonic_s()
+        return max(link.heard_s, link.created_s)
 
     def blocked(self, replicator: StreamReplicator, node_id: str) -> None:
         """The replicator could not send to the node: the link kicks it when it can."""

@@ -176,7 +176,10 @@ def test_replicas_at_one_position_share_one_read_of_the_new_messages(
     store once, and each replica gets all of them."""
 
     async def body(c: Cluster) -> None:
-        await c.publish(b"warm")  # both replicas confirmed, at the same position
+        await c.publish(b"warm")
+        progress = c.manager.links.replicators[NAME].progress.values()
+        await c.until(lambda: all(p.match_seq == 1 and not p.inflight for p in progress),
+                      what="both replicas confirmed, at the same position")
         reads: list[tuple[int, int]] = []
         stored_values = c.primary.stored_values
 
@@ -227,6 +230,55 @@ def test_a_publish_without_a_majority_fails_with_no_quorum_within_the_lease(
         with pytest.raises(RaftlogError) as refused:
             await c.primary.publish([draft(b"c")])
         assert refused.value.reason == Reason.NO_QUORUM
+
+    run(tmp_path, body)
+
+
+def test_a_replica_answering_later_than_the_lease_still_commits_writes(tmp_path: Path) -> None:
+    """A starved machine: r2 cut off, r1 answers every request about 0.7 s (more than the
+    lease) after it was sent, but answers keep arriving (heartbeats every 50 ms). Publishes
+    wait for r1's late answers and commit, none refused on the way: for writes a replica
+    counts from the arrival of its latest answer, not from the send time of the request it
+    answered. That send time keeps the read lease: reads are refused meanwhile."""
+    speed = 3.0  # fake seconds per real second
+    delay_s = 0.12  # real seconds each way: a round trip of 0.72 fake seconds
+    assert 2 * delay_s * speed > limits.primary_lease_s + 0.2
+    assert 2 * delay_s * speed < limits.replication_request_timeout_s / 2
+
+    async def body(c: Cluster) -> None:
+        loop = asyncio.get_running_loop()
+        refused_reads = 0
+
+        async def run_clock(done: Callable[[], bool], what: str) -> None:
+            """Fake time runs `speed` times as fast as real time until `done`."""
+            nonlocal refused_reads
+            deadline = loop.time() + wait_s_max
+            last = loop.time()
+            while not done():
+                assert loop.time() < deadline, f"timed out: {what}"
+                now = loop.time()
+                await c.tick(advance_s=(now - last) * speed)
+                last = now
+                try:
+                    c.primary.check_readable()
+                except RaftlogError as err:
+                    assert err.reason == Reason.NOT_PRIMARY
+                    refused_reads += 1
+
+        await c.publish(b"warm")
+        c.cut(R2)
+        c.network.delay(PRIMARY, R1, delay_s)
+        settled = loop.time() + 4 * delay_s  # answers to requests sent under the delay flow
+        await run_clock(lambda: loop.time() > settled, "settled")
+        for index in range(3):
+            task = asyncio.ensure_future(c.primary.publish([draft(b"x%d" % index)]))
+            refused_reads = 0
+            await run_clock(task.done, f"publish {index}")
+            (result,) = task.result()
+            assert not isinstance(result, RaftlogError), result
+            assert result.seq == index + 2
+            assert refused_reads
+        assert c.primary.commit_seq == 4 and c.replica(R1).durable_seq == 4
 
     run(tmp_path, body)
 
