@@ -85,40 +85,48 @@ class StreamReplica(StreamCore):
         run_first = first_seq
         run_values: list[bytes] = []
         run_refs: list[bytes] = []
-        for seq, (value, stored) in enumerate(messages, start=first_seq):
-            if stored is None:
-                if run_values:
-                    batch.append(self.stream_id, first_seq=run_first, values=run_values,
-                                 subject_refs=run_refs)
-                    run_values, run_refs = [], []
-                record.last_seq = seq
-                record.last_epoch = epoch_of(seq, history, default=record.last_epoch)
-                continue
-            subject = stored.subject
-            known = refs.get(subject)
-            if known is None:
-                known = refs[subject] = (self._store.subject_ref(self.stream_id, subject),
-                                         len(subject.encode()))
-            ref, subject_bytes = known
-            if not run_values:
-                run_first = seq
-            run_values.append(value)
-            run_refs.append(ref)
-            stat = stats.get(subject)
-            if stat is None:
-                stats[subject] = SubjectStat(1, seq)
-            else:
-                stat.count += 1
-                stat.last_seq = seq
-            if stored.msg_id:
-                self._remember(batch, stored.msg_id, seq=seq, now_ms=stored.ts_ms)
-            touched.add(subject)
-            record.last_seq = seq
-            record.last_epoch = stored.epoch
-            record.messages += 1
-            record.bytes += stored_size(stored, subject_bytes)
-            if record.messages == 1:
-                record.first_seq = seq
+        # The record's counters in locals while the loop runs (a field of the protobuf record
+        # costs more to touch than the rest of a message's work); written back at the end.
+        last_seq, last_epoch = record.last_seq, record.last_epoch
+        count, size = record.messages, record.bytes
+        try:
+            for seq, (value, stored) in enumerate(messages, start=first_seq):
+                if stored is None:
+                    if run_values:
+                        batch.append(self.stream_id, first_seq=run_first, values=run_values,
+                                     subject_refs=run_refs)
+                        run_values, run_refs = [], []
+                    last_seq = seq
+                    last_epoch = epoch_of(seq, history, default=last_epoch)
+                    continue
+                subject = stored.subject
+                known = refs.get(subject)
+                if known is None:
+                    known = refs[subject] = (self._store.subject_ref(self.stream_id, subject),
+                                             len(subject.encode()))
+                ref, subject_bytes = known
+                if not run_values:
+                    run_first = seq
+                run_values.append(value)
+                run_refs.append(ref)
+                stat = stats.get(subject)
+                if stat is None:
+                    stats[subject] = SubjectStat(1, seq)
+                else:
+                    stat.count += 1
+                    stat.last_seq = seq
+                if stored.msg_id:
+                    self._remember(batch, stored.msg_id, seq=seq, now_ms=stored.ts_ms)
+                touched.add(subject)
+                last_seq = seq
+                last_epoch = stored.epoch
+                if not count:
+                    record.first_seq = seq
+                count += 1
+                size += stored_size(stored, subject_bytes)
+        finally:
+            record.last_seq, record.last_epoch = last_seq, last_epoch
+            record.messages, record.bytes = count, size
         if run_values:
             batch.append(self.stream_id, first_seq=run_first, values=run_values,
                          subject_refs=run_refs)
