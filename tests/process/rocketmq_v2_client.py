@@ -33,6 +33,7 @@ import json
 import logging
 import sys
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from rocketmq import (
@@ -48,6 +49,7 @@ from rocketmq import (
     TransactionChecker,
     TransactionResolution,
 )
+from rocketmq.grpc_protocol import Code
 
 logging.disable(logging.WARNING)
 
@@ -216,6 +218,26 @@ def recall(endpoint: str, topic: str, delay_ms: int) -> dict[str, Any]:
             "due_ms": due_ms, "answers": answers}
 
 
+def _track_end_transactions(producer: Producer) -> list[Future[Any]]:
+    """The futures of the producer's EndTransaction calls, in the order they were sent."""
+    rpc = producer.rpc_client
+    send = rpc.end_transaction_async
+    sent: list[Future[Any]] = []
+
+    def tracked(*args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = send(*args, **kwargs)
+        sent.append(future)
+        return future
+
+    rpc.end_transaction_async = tracked
+    return sent
+
+
+def _answered_ok(futures: list[Future[Any]]) -> bool:
+    return any(f.done() and f.exception() is None and f.result().status.code == Code.OK
+               for f in list(futures))
+
+
 def transactional(endpoint: str, topic: str, wait_s: float) -> dict[str, Any]:
     """Three transactional sends: "commit" is committed, "rollback" rolled back, "orphan" left
     open until the server asks about it (the checker commits it); waits at most `wait_s` for
@@ -223,6 +245,7 @@ def transactional(endpoint: str, topic: str, wait_s: float) -> dict[str, Any]:
     checker = _Checker()
     producer = Producer(_config(endpoint), (topic,), checker=checker)
     producer.startup()
+    ends = _track_end_transactions(producer)
     ids = {}
     try:
         for body in ("commit", "rollback", "orphan"):
@@ -235,10 +258,13 @@ def transactional(endpoint: str, topic: str, wait_s: float) -> dict[str, Any]:
                 transaction.commit()
             elif body == "rollback":
                 transaction.rollback()
+        checked_from = len(ends)  # what follows is the checker's
         deadline = time.monotonic() + wait_s
-        while "orphan" not in checker.asked and time.monotonic() < deadline:
+        # The checker's answer goes out behind check() as an EndTransaction the client keeps
+        # no handle on; one cut off by shutdown would leave the orphan open. So the producer
+        # stays up until the server has answered one OK (or asks again, bounded by wait_s).
+        while not _answered_ok(ends[checked_from:]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(1.0)  # the checker's EndTransaction goes out
     finally:
         producer.shutdown()
     return {"ids": ids, "asked": checker.asked}

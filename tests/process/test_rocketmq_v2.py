@@ -194,7 +194,8 @@ def test_fifo_messages_keep_their_order_within_each_message_group(
     assert len(sent) == 12
     got = consume(cluster, 3, topic, "shipping", expect=12, leave_unacked=1, invisible_s=2,
                   timeout_s=50)
-    assert len(got["acked"]) == 12, got["errors"]
+    assert len(got["acked"]) == 12, (got["errors"], [
+        (m["body"], m["attempt"], m["at"]) for m in got["seen"]])
     for group in groups:
         wanted = [s["body"] for k, s in enumerate(sent) if groups[k % 3] == group]
         # Every delivery of the group's messages, in the order they were received: the one
