@@ -91,6 +91,13 @@ class ConsumerStateOps:
             expect=request.expect if request.HasField("expect") else None)
 
         async def commit() -> raft_pb2.RaftResult:
+            # A set replaces the progress, floor included: proposed after its caller gave up
+            # (it waited here for a save in flight), it could land after a retry of it and
+            # after acks that followed, and undo them. So a late set changes nothing.
+            if via.expired():
+                raise RaftlogError(Reason.TIMEOUT, f"the caller's deadline passed before the "
+                                   f"set of {request.consumer!r} on {name!r} was proposed; "
+                                   "nothing changed", stream=name, consumer=request.consumer)
             return await self._cluster.propose(command, timeout_s=via.remaining_s())
 
         result = await self._manager.replace_committed(name, request.consumer, commit)

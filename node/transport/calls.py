@@ -64,6 +64,10 @@ class Call:
             return None
         return max(self.deadline - time.monotonic(), 0.001)
 
+    def expired(self) -> bool:
+        """The caller's deadline has passed: it has given up, and may have sent the call again."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
     def timeout_s(self, *, default_s: float | None = None) -> float:
         """The timeout for a call made on this one's behalf: the caller's remaining deadline,
         else `default_s` (default: limits.forward_timeout_s_default)."""

@@ -13,6 +13,7 @@ Cluster service on a loopback port). Each test is named after the rule it checks
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -101,14 +102,15 @@ class Env:
 
     async def set(self, *, delivered: int, floor: int, acked: tuple[int, ...] = (),
                   expect: tuple[int, int, int] | None = None, stream: str = STREAM,
-                  consumer: str = CONSUMER) -> cluster_pb2.SetConsumerStateResponse:
+                  consumer: str = CONSUMER, via: Call | None = None
+                  ) -> cluster_pb2.SetConsumerStateResponse:
         request = cluster_pb2.SetConsumerStateRequest(
             stream=stream, consumer=consumer, delivered_seq=delivered, ack_floor=floor,
             acked=acked)
         if expect is not None:
             request.expect.CopyFrom(consumers_pb2.ConsumerStateExpect(
                 delivered_seq=expect[0], ack_floor=expect[1], acked_count=expect[2]))
-        return await self.ops.set_state(request, Call())
+        return await self.ops.set_state(request, via or Call())
 
 
 @asynccontextmanager
@@ -253,6 +255,30 @@ def test_a_save_in_flight_lands_before_the_set_never_after_it(tmp_path: Path) ->
         applied = env.group.applied
         assert applied.index("consumer_state_update") < applied.index("consumer_state_set")
         assert env.committed() == (5, 3, set()) and env.served() == (5, 3)
+
+    run(tmp_path, body)
+
+
+def test_a_set_whose_caller_gave_up_while_it_waited_is_never_proposed(tmp_path: Path) -> None:
+    """The set waits for a save in flight; its caller's deadline passes meanwhile (the caller
+    may send it again). Proposed now, it would land after the ack that followed and undo it."""
+    async def body(env: Env) -> None:
+        saves = env.group.gates["consumer_state_update"] = asyncio.Event()
+        acking = asyncio.create_task(env.manager.ack(STREAM, CONSUMER, [9]))
+        await asyncio.sleep(0.05)  # the ack's save is proposed and waits at the gate
+        setting = asyncio.create_task(env.set(
+            delivered=5, floor=3, via=Call(deadline=time.monotonic() + 0.05)))
+        await asyncio.sleep(0.2)  # past the set's deadline
+        saves.set()
+        with pytest.raises(RaftlogError) as late:
+            await setting
+        assert late.value.reason is Reason.TIMEOUT, late.value
+        assert "consumer_state_set" not in env.group.applied
+        with pytest.raises(RaftlogError) as told:  # durable, but the caller is told to retry
+            await acking
+        assert told.value.reason is Reason.CATCHING_UP
+        # The ack stands, and the consumer is served again from the state it made.
+        assert env.committed() == (10, 9, set()) and env.served() == (10, 9)
 
     run(tmp_path, body)
 
