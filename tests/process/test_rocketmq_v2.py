@@ -127,9 +127,9 @@ def offsets(cluster: LocalCluster, i: int, name: str, group: str) -> Any:
         f"offsets of {group}")
 
 
-def client(*args: str) -> Any:
+def client(*args: str, timeout_s: float = client_timeout_s) -> Any:
     done = subprocess.run([sys.executable, str(DRIVER), *args], capture_output=True, text=True,
-                          timeout=client_timeout_s, check=False)
+                          timeout=timeout_s, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -137,7 +137,8 @@ def client(*args: str) -> Any:
 def consume(cluster: LocalCluster, i: int, topic: str, group: str, **plan: Any) -> Any:
     plan = {"invisible_s": 2, "leave_unacked": 0, "change_invisible_s": 0, "timeout_s": 30,
             **plan}
-    return client("consume", cluster.address(i), topic, group, json.dumps(plan))
+    return client("consume", cluster.address(i), topic, group, json.dumps(plan),
+                  timeout_s=max(client_timeout_s, plan["timeout_s"] + 10))
 
 
 def test_a_producer_and_simple_consumer_send_receive_and_ack(cluster: LocalCluster) -> None:
@@ -192,8 +193,14 @@ def test_fifo_messages_keep_their_order_within_each_message_group(
     groups = ["g1", "green", "red"]  # hashed to queues 0, 1 and 2
     sent = client("produce", cluster.address(2), topic, "12", "f", ",".join(groups))
     assert len(sent) == 12
+    # The client picks a queue at random for each receive (a fresh QueueSelector with a random
+    # start each time), and a receive on a queue with nothing to hand out waits out its long
+    # poll (2 s). Once the other queues are drained, each message of the last one costs about
+    # 4 s of such waits on average, with a long tail: the test took 9-31 s on an idle machine,
+    # and the consumer ran out of 50 s once in CI on a slow one. Hence the generous bound; a
+    # passing run ends at its 12th ack.
     got = consume(cluster, 3, topic, "shipping", expect=12, leave_unacked=1, invisible_s=2,
-                  timeout_s=50)
+                  timeout_s=120)
     assert len(got["acked"]) == 12, (got["errors"], [
         (m["body"], m["attempt"], m["at"]) for m in got["seen"]])
     for group in groups:
