@@ -235,13 +235,13 @@ def _track_end_transactions(producer: Producer) -> list[Future[Any]]:
 
 def _answered_ok(futures: list[Future[Any]]) -> bool:
     return any(f.done() and f.exception() is None and f.result().status.code == Code.OK
-               for f in list(futures))
+               for f in futures)
 
 
 def transactional(endpoint: str, topic: str, wait_s: float) -> dict[str, Any]:
     """Three transactional sends: "commit" is committed, "rollback" rolled back, "orphan" left
     open until the server asks about it (the checker commits it); waits at most `wait_s` for
-    that question."""
+    the server's OK to the checker's answer."""
     checker = _Checker()
     producer = Producer(_config(endpoint), (topic,), checker=checker)
     producer.startup()
