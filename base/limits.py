@@ -408,8 +408,9 @@ rocketmq_send_backoff_max_ms = 1_000
 rocketmq_send_backoff_multiplier = 2
 
 # The RocketMQ v1 front-end (node/api/rocketmq_v1.py, ops/rocketmq_receive.py, ops/rocketmq_dlq.py;
-# docs/rocketmq-v1.md). It also uses the rocketmq_* limits above.
-rocketmq_poll_slice_ms = 250  # a receive from any queue waits on one queue this long at a time
+# docs/rocketmq-v1.md). It also uses the rocketmq_* limits above. The first two below are the POP
+# receive's (ops/rocketmq_receive.py), which the v2 front-end uses too.
+rocketmq_poll_slice_ms = 250  # a receive of any queue waits on one queue this long at a time
 rocketmq_receives_waiting_max = 64  # receives of one group and topic in progress on one node
 rocketmq_v1_command_poll_ms = 20_000  # PollCommand holds this long at most, then answers Noop
 rocketmq_v1_clients_max = 10_000  # clients (with their heartbeat data) one node remembers

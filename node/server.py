@@ -307,7 +307,7 @@ class Node:
                 f"{self.config.grpc_address.rpartition(':')[0]}:{self.port}")
 
         rocketmq_v2_service_pb2_grpc.add_MessagingServiceServicer_to_server(RocketMQService(
-            ops, where=where, own_address=own_address), server)
+            ops, where=where, own_address=own_address, clock=self.clock), server)
         rocketmq_v1_service_pb2_grpc.add_MessagingServiceServicer_to_server(RocketMQv1Service(
             ops, clock=self.clock, own_address=own_address), server)
         objects = ObjectOps(ops.streams, clock=self.clock)

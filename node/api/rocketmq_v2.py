@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 
 from raftlog.base import limits, topics
+from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.compat import rocketmq_v2_definition_pb2 as rmq
 from raftlog.compat import rocketmq_v2_service_pb2 as svc
@@ -45,7 +46,7 @@ from raftlog.node.ops.operations import Operations
 from raftlog.node.ops.partitions import partition_for
 from raftlog.node.ops.rocketmq import Receipt, RocketGroups
 from raftlog.node.ops.rocketmq_offsets import RecallHandle
-from raftlog.node.ops.rocketmq_receive import header
+from raftlog.node.ops.rocketmq_receive import Receive, Receiver, header
 from raftlog.node.ops.route import Route
 from raftlog.node.transport import rpc
 from raftlog.node.transport.calls import Call
@@ -152,13 +153,15 @@ def _address(text: str) -> rmq.Endpoints:
 
 
 class RocketMQService(TelemetryCalls, PullCalls, svc_grpc.MessagingServiceServicer):
-    def __init__(self, ops: Operations, *, where: Route, own_address: Callable[[], str]) -> None:
+    def __init__(self, ops: Operations, *, where: Route, own_address: Callable[[], str],
+                 clock: Clock) -> None:
         self._ops = ops
         self._topics = ops.topics
         self._consumers = ops.consumers
         self._where = where
         self._own_address = own_address
         self._groups = RocketGroups(ops.topics, ops.consumers)
+        self._receiver = Receiver(ops.topics, ops.consumers, groups=self._groups, clock=clock)
 
     # ------------------------------------------------------------------ routes
 
@@ -446,46 +449,33 @@ class RocketMQService(TelemetryCalls, PullCalls, svc_grpc.MessagingServiceServic
 
     async def _receive(self, request: svc.ReceiveMessageRequest, via: Call
                        ) -> list[rmq.Message]:
-        group = rocketmq.group_name(request.group.name)
+        """A receive (ops/rocketmq_receive.py) on the queue the client picked, served by any
+        other queue of the topic when that one has nothing, as a RocketMQ broker serves one
+        from any of its queues; each message names the queue it came from."""
         queue = request.message_queue
         topic = rocketmq.raftlog_topic(queue.topic.name)
+        group = rocketmq.group_name(request.group.name)
         wanted = wanted_tags(request.filter_expression)
         invisible_ms = _invisible_ms(request.invisible_duration,
                                      request.HasField("invisible_duration"))
-        batch = min(max(request.batch_size, 1), limits.rocketmq_batch_max)
-        wait_ms = poll_ms(request.long_polling_timeout,
-                          request.HasField("long_polling_timeout"), via)
-        partition = rocketmq.queue_partition(queue.id, queue.broker.name)  # or BAD_REQUEST
-        stream = await self._topics.stream(topic, partition, via)
-        group_settings = await self._groups.ensure(topic, group, invisible_ms, via)
-        try:
-            fetched = await self._consumers.fetch(consumers_pb2.FetchRequest(
-                stream=stream, consumer=group, batch=batch, max_wait_ms=wait_ms), via)
-        except RaftlogError as err:
-            if err.reason == Reason.CONSUMER_NOT_FOUND:
-                self._groups.forget(topic, group)  # deleted meanwhile: made again next time
-            raise
-        messages = []
-        for message in fetched.messages:
-            if message.deliver_count > group_settings.attempts:  # its attempts are used up
+        received = await self._receiver.receive(Receive(
+            topic=topic, group=group,
+            queue=rocketmq.queue_partition(queue.id, queue.broker.name),  # or BAD_REQUEST
+            batch=min(max(request.batch_size, 1), limits.rocketmq_batch_max),
+            invisible_ms=invisible_ms,
+            wait_ms=poll_ms(request.long_polling_timeout,
+                            request.HasField("long_polling_timeout"), via),
+            tags=wanted, others=True), via)
+        attempts = (await self._groups.ensure(topic, group, invisible_ms, via)).attempts
+        kept = []
+        for message in received.messages:
+            if message.deliver_count > attempts:  # its attempts are used up
                 await rocketmq_dlq.dead_letter(self._ops, topic=topic, group=group,
-                                               partition=partition, seq=message.seq,
+                                               partition=received.queue, seq=message.seq,
                                                via=via)
             else:
-                messages.append(message)
-        if not messages:
-            return []
-        skipped = [m.seq for m in messages if wanted is not None
-                   and header(m, rocketmq.TAG_HEADER) not in wanted]
-        if skipped:  # not for this subscription: settled silently, as RocketMQ does
-            await self._consumers.ack(consumers_pb2.AckRequest(
-                stream=stream, consumer=group, seqs=skipped), via)
-        kept = [m for m in messages if m.seq not in set(skipped)]
-        if kept and invisible_ms != group_settings.ack_wait_ms:
-            await self._consumers.nak(consumers_pb2.NakRequest(
-                stream=stream, consumer=group, seqs=[m.seq for m in kept],
-                delay_ms=invisible_ms), via)
-        return [self._message(m, queue.topic, partition, invisible_ms) for m in kept]
+                kept.append(self._message(message, queue.topic, received.queue, invisible_ms))
+        return kept
 
     def _message(self, message: types_pb2.Message, topic: rmq.Resource, partition: int,
                  invisible_ms: int) -> rmq.Message:

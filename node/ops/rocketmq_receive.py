@@ -9,6 +9,12 @@ the receive waits on one queue for at most limits.rocketmq_poll_slice_ms, moves 
 and looks at every queue again, until its wait is over. So one busy queue does not starve the
 others, and a message on any queue is found within a slice.
 
+"This queue, else any" (a v2 receive, `others`): the same rounds, starting at the queue the
+client named. A RocketMQ broker serves a receive from any of its queues of the topic; in raftlog
+each queue is a broker of its own, so without this a client that picks a queue at random for
+every receive (rocketmq-python-client does) would wait out whole long polls on empty queues
+while others hold messages.
+
 What a receive does with what it fetched:
 - a message whose tag the filter does not ask for is acked at once and not returned (RocketMQ
   settles filtered messages silently);
@@ -37,7 +43,8 @@ ANY_QUEUE = -1
 
 @dataclass(frozen=True)
 class Receive:
-    """One receive: `queue` is a partition index or ANY_QUEUE; `tags` None takes every tag."""
+    """One receive: `queue` is a partition index or ANY_QUEUE; with `others`, a named queue
+    that has nothing lets any other queue of the topic serve; `tags` None takes every tag."""
 
     topic: str  # raftlog topic
     group: str
@@ -46,6 +53,11 @@ class Receive:
     invisible_ms: int
     wait_ms: int
     tags: frozenset[str] | None
+    others: bool = False
+
+    @property
+    def one_queue(self) -> bool:
+        return self.queue != ANY_QUEUE and not self.others
 
 
 @dataclass(frozen=True)
@@ -115,10 +127,10 @@ class Receiver:
 
     async def _poll(self, request: Receive, count: int, wait_ms: int, via: Call
                     ) -> Received | None:
-        if request.queue != ANY_QUEUE:
+        if request.one_queue:
             return await self._fetch(request, request.queue, wait_ms, via)
         key = (request.topic, request.group)
-        turn = self._turn.get(key, 0) % count
+        turn = request.queue if request.others else self._turn.get(key, 0) % count
         give_up_at_s = self._clock.monotonic_s() + wait_ms / 1000
         while True:
             for step in range(count):  # a look at every queue, waiting on none
@@ -151,7 +163,7 @@ class Receiver:
                 stream=stream, consumer=request.group, batch=request.batch,
                 max_wait_ms=wait_ms), via)
         except RaftlogError as err:
-            if err.status_name != "UNAVAILABLE" or request.queue != ANY_QUEUE:
+            if err.status_name != "UNAVAILABLE" or request.one_queue:
                 raise
             await asyncio.sleep(wait_ms / 1000)
             return None

@@ -7,6 +7,9 @@ prints one JSON document on stdout.
                                                  with GROUPS (a,b,...) FIFO ones, message i
                                                  in group i % len(GROUPS)
     consume ENDPOINT TOPIC GROUP JSON_PLAN       receive as the plan says, print what came
+    rounds ENDPOINT TOPIC GROUP ROUNDS AWAIT_S   ROUNDS times: send one message, then one
+                                                 receive (a long poll of AWAIT_S), ack what
+                                                 came; print each round's bodies and time
     push ENDPOINT TOPIC GROUP RUN_S [GOOD BAD QUIET_S]
                                                  a PushConsumer whose listener fails "bad*"
                                                  messages, for RUN_S seconds; or, with GOOD
@@ -124,6 +127,33 @@ def consume(endpoint: str, topic: str, group: str, plan: dict[str, Any]) -> dict
         consumer.shutdown()
     return {"acked": list(acked.values()), "seen": seen, "left": sorted(left),
             "changed": changed, "errors": errors[:5]}
+
+
+def rounds(endpoint: str, topic: str, group: str, count: int, await_s: int
+           ) -> list[dict[str, Any]]:
+    producer = Producer(_config(endpoint), (topic,))
+    consumer = SimpleConsumer(_config(endpoint), group, {topic: FilterExpression("*")},
+                              await_duration=await_s)
+    producer.startup()
+    consumer.startup()
+    done = []
+    try:
+        for i in range(count):
+            message = Message()
+            message.topic = topic
+            message.body = f"r-{i}".encode()
+            producer.send(message)
+            started = time.monotonic()
+            received = consumer.receive(16, 30)
+            took_s = time.monotonic() - started
+            for got in received:
+                consumer.ack(got)
+            done.append({"bodies": [got.body.decode() for got in received],
+                         "took_s": round(took_s, 3)})
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    return done
 
 
 class _Listener(MessageListener):
@@ -277,6 +307,8 @@ def main(argv: list[str]) -> None:
                            rest[2].split(",") if len(rest) > 2 else [])
     elif mode == "consume":
         out = consume(endpoint, topic, rest[0], json.loads(rest[1]))
+    elif mode == "rounds":
+        out = rounds(endpoint, topic, rest[0], int(rest[1]), int(rest[2]))
     elif mode == "push":
         until = (int(rest[2]), int(rest[3]), float(rest[4])) if len(rest) > 2 else None
         out = push(endpoint, topic, rest[0], float(rest[1]), until)

@@ -195,9 +195,9 @@ def _receiver(count: int, queued: dict[str, list[tuple[int, str]]]
 
 
 def _asking(*, queue: int = ANY_QUEUE, wait_ms: int = 0,
-            tags: frozenset[str] | None = None) -> Receive:
+            tags: frozenset[str] | None = None, others: bool = False) -> Receive:
     return Receive(topic="t", group="g", queue=queue, batch=8, invisible_ms=1_000,
-                   wait_ms=wait_ms, tags=tags)
+                   wait_ms=wait_ms, tags=tags, others=others)
 
 
 def test_any_queue_takes_the_queues_with_messages_in_turn() -> None:
@@ -212,6 +212,53 @@ def test_any_queue_takes_the_queues_with_messages_in_turn() -> None:
         return served
 
     assert asyncio.run(rounds()) == [(0, [1, 2]), (2, [5]), (ANY_QUEUE, [])]
+
+
+def test_a_named_queue_serves_first_and_any_other_queue_when_it_has_nothing() -> None:
+    """A v2 receive (`others`): its own queue while that has messages, then whichever other
+    queue has some, at once rather than after its poll (5 s here); all empty, it waits out its
+    poll a slice at a time."""
+    receiver, consumers = _receiver(3, {"s0": [(1, "a")], "s1": [(7, "a")], "s2": [(5, "a")]})
+    via = Call()
+
+    async def rounds() -> list[tuple[int, list[int]]]:
+        served = []
+        for _ in range(3):
+            found = await receiver.receive(_asking(queue=1, wait_ms=5_000, others=True), via)
+            served.append((found.queue, [m.seq for m in found.messages]))
+        return served
+
+    started = time.monotonic()
+    assert asyncio.run(rounds()) == [(1, [7]), (2, [5]), (0, [1])]
+    assert consumers.waits == 0 and time.monotonic() - started < 2.0
+    started = time.monotonic()
+    found = asyncio.run(receiver.receive(_asking(queue=1, wait_ms=300, others=True), via))
+    assert (found.queue, list(found.messages)) == (1, [])
+    assert time.monotonic() - started >= 0.3 and consumers.waits >= 2
+
+
+def test_a_message_on_another_queue_ends_a_waiting_receive_within_a_slice() -> None:
+    receiver, _ = _receiver(3, {})
+
+    async def late_message() -> tuple[float, int, list[int]]:
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(
+            receiver.receive(_asking(queue=0, wait_ms=10_000, others=True), Call()))
+        await asyncio.sleep(0.1)
+        receiver_consumers.queued["s2"] = [(9, "a")]
+        found = await waiting
+        return time.monotonic() - started, found.queue, [m.seq for m in found.messages]
+
+    receiver_consumers = cast(Any, receiver)._consumers
+    took_s, queue, seqs = asyncio.run(late_message())
+    assert (queue, seqs) == (2, [9])
+    assert took_s < 0.1 + 3 * limits.rocketmq_poll_slice_ms / 1000, took_s
+
+
+def test_a_named_queue_alone_waits_on_itself_only() -> None:
+    receiver, consumers = _receiver(3, {"s2": [(5, "a")]})
+    found = asyncio.run(receiver.receive(_asking(queue=1, wait_ms=100), Call()))
+    assert found.messages == [] and consumers.queued["s2"] == [(5, "a")]
 
 
 def test_a_tag_filter_acks_what_it_skips_and_polls_on() -> None:
