@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, NoReturn
 
@@ -26,7 +27,13 @@ from raftlog.base.clock import Clock
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.node.ops import objects_layout as layout
 from raftlog.node.ops.objects_layout import ObjectMeta
-from raftlog.node.ops.objects_upload import SWEEP_SHARDS, Upload, remove_upload, sweep_bucket
+from raftlog.node.ops.objects_upload import (
+    SWEEP_SHARDS,
+    Upload,
+    remove_upload,
+    retried,
+    sweep_bucket,
+)
 from raftlog.node.ops.streams import StreamOps
 from raftlog.node.transport.calls import Call
 from raftlog.v1 import objects_pb2, streams_pb2, types_pb2
@@ -171,7 +178,9 @@ class ObjectOps:
                         headers=_headers(list(start.headers)), via=via)
         start_sha = layout.check_sha256(start.sha256)
         committing = False
-        earlier = asyncio.create_task(self._latest(start.bucket, start.name, via))
+        earlier = asyncio.create_task(retried(  # the revision this put replaces
+            lambda: self._latest(start.bucket, start.name, via),
+            what=f"bucket {start.bucket}: the read of {start.name!r}", via=via))
         try:
             with _bucket_errors(start.bucket):
                 finish = await self._receive(upload, frames)
@@ -230,9 +239,16 @@ class ObjectOps:
 
     async def _publish_meta(self, bucket: str, meta: ObjectMeta, via: Call
                             ) -> streams_pb2.PublishAck:
-        return await self._streams.publish(streams_pb2.PublishRequest(
+        """A revision's metadata (a put's, or a delete's tombstone), tried again while refused
+        as UNAVAILABLE: its msg_id, the put's upload or one drawn for the delete, stores it
+        once (as an upload's chunks, objects_upload.py)."""
+        msg_id = f"{meta.upload}.meta" if meta.upload else f"delete.{secrets.token_hex(12)}"
+        request = streams_pb2.PublishRequest(
             stream=layout.bucket_stream(bucket), subject=layout.meta_subject(bucket, meta.name),
-            payload=layout.encode_meta(meta)), via)
+            payload=layout.encode_meta(meta), msg_id=msg_id)
+        return await retried(lambda: self._streams.publish(request, via),
+                             what=f"bucket {bucket}: the revision {msg_id} of {meta.name!r}",
+                             via=via)
 
     def _forget(self, bucket: str, previous: ObjectMeta) -> None:
         """Removes the chunks of a revision that is no longer live, after the answer."""

@@ -6,6 +6,12 @@ the metadata to publish once the content is complete and its SHA-256 checked. It
 the metadata itself: ObjectOps does, and from then on the upload's chunks are never removed on a
 failure (a metadata publish that failed may still have been stored; the sweep decides later).
 
+Every publish of an upload carries a msg_id of its own (`<upload>.c<index>` for a chunk,
+`<upload>.m<n>` for the marker's n-th publish), so a publish refused with a retryable status
+(UNAVAILABLE: the bucket failing over, a forward that failed) is tried again (`again`) and stored
+once even when the refused attempt was stored after all: a failover in the middle of a large put
+costs a pause, not the put.
+
 The marker of an upload is fenced: the upload re-publishes it with `expected_last_subject_seq`
 (every limits.object_marker_refresh_s, and before its metadata is published when it is that
 old), and the sweep takes it over the same way before it removes anything. Whichever comes
@@ -19,7 +25,8 @@ import asyncio
 import hashlib
 import logging
 import secrets
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from raftlog.base import limits
 from raftlog.base.clock import Clock
@@ -32,6 +39,34 @@ from raftlog.node.transport.calls import Call
 from raftlog.v1 import streams_pb2, types_pb2
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def again(attempt: Callable[[], Awaitable[T]], *, what: str, attempts: int,
+                pause_s: float, pause_max_s: float, statuses: frozenset[str] = frozenset(
+                    {"UNAVAILABLE"}), via: Call | None = None) -> T:
+    """`attempt()`, tried again while it is refused with one of `statuses`: at most `attempts`
+    times in all, after a pause from `pause_s` that doubles up to `pause_max_s`, and never past
+    the deadline of `via`. The last refusal is raised. Only for attempts that are idempotent."""
+    for number in range(1, attempts + 1):
+        try:
+            return await attempt()
+        except RaftlogError as err:
+            remaining_s = None if via is None else via.remaining_s()
+            if err.status_name not in statuses or number == attempts or \
+                    (remaining_s is not None and remaining_s <= pause_s):
+                raise
+            log.info("%s refused (%s); again in %.2f s", what, err.message, pause_s)
+        await asyncio.sleep(pause_s)
+        pause_s = min(2 * pause_s, pause_max_s)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def retried(attempt: Callable[[], Awaitable[T]], *, what: str, via: Call) -> T:
+    """`again`, with the limits of a put's publishes (limits.object_publish_*)."""
+    return await again(attempt, what=what, attempts=limits.object_publish_attempts_max,
+                       pause_s=limits.object_publish_backoff_s,
+                       pause_max_s=limits.object_publish_backoff_max_s, via=via)
 
 
 class Upload:
@@ -57,6 +92,7 @@ class Upload:
         self._marked_at_s = 0.0
         self._published = False  # anything sent (stored or maybe stored)
         self._first: list[bytes] | None = []  # the chunks the marker goes with; None once sent
+        self._marks = 0  # publishes of the marker so far
 
     async def add(self, data: bytes) -> None:
         for chunk in self._rechunker.add(data):
@@ -108,8 +144,8 @@ class Upload:
             await self._wait_one()
         request = streams_pb2.PublishRequest(
             stream=self._stream, subject=layout.chunk_subject(self._bucket, self.upload, index),
-            payload=chunk)
-        self._inflight.add(asyncio.create_task(self._streams.publish(request, self._via)))
+            payload=chunk, msg_id=f"{self.upload}.c{index}")
+        self._inflight.add(asyncio.create_task(self._publish(request, what=f"chunk {index}")))
         if self._clock.monotonic_s() - self._marked_at_s > limits.object_marker_refresh_s:
             await self._mark()
 
@@ -120,24 +156,40 @@ class Upload:
         marker = streams_pb2.PublishEntry(
             subject=layout.marker_subject(self._bucket, self.upload),
             payload=layout.encode_marker(name=self._name, started_ms=self._clock.wall_ms()),
-            expected_last_subject_seq=0)
+            expected_last_subject_seq=0, msg_id=self._marker_msg_id())
+        request = streams_pb2.PublishBatchRequest(stream=self._stream, entries=[marker, *(
+            streams_pb2.PublishEntry(
+                subject=layout.chunk_subject(self._bucket, self.upload, index), payload=data,
+                msg_id=f"{self.upload}.c{index}")
+            for index, data in enumerate(chunks))])
+
+        async def attempt() -> list[streams_pb2.PublishResult]:
+            results = expand_results(await self._streams.publish_batch(request, self._via))
+            for result in results:
+                if result.HasField("error"):
+                    error = result.error
+                    raise RaftlogError(Reason.__members__.get(error.reason, Reason.INTERNAL),
+                                       error.message, **dict(error.metadata))
+            return results
+
         self._published = True
-        batch = asyncio.create_task(self._streams.publish_batch(streams_pb2.PublishBatchRequest(
-            stream=self._stream, entries=[marker, *(
-                streams_pb2.PublishEntry(
-                    subject=layout.chunk_subject(self._bucket, self.upload, index), payload=data)
-                for index, data in enumerate(chunks))]), self._via))
+        batch = asyncio.create_task(self._again(attempt, what="the marker and first chunks"))
         self._inflight.add(batch)  # abort waits for it, also when this call is cancelled
-        response: streams_pb2.PublishBatchResponse = await asyncio.shield(batch)
+        results = await asyncio.shield(batch)
         self._inflight.discard(batch)
-        results = expand_results(response)
-        for result in results:
-            if result.HasField("error"):
-                error = result.error
-                raise RaftlogError(Reason.__members__.get(error.reason, Reason.INTERNAL),
-                                   error.message, **dict(error.metadata))
         self._marker_seq = results[0].ack.seq
         self._marked_at_s = self._clock.monotonic_s()
+
+    def _marker_msg_id(self) -> str:
+        self._marks += 1
+        return f"{self.upload}.m{self._marks}"
+
+    async def _again(self, attempt: Callable[[], Awaitable[T]], *, what: str) -> T:
+        return await retried(attempt, what=f"upload {self.upload}: {what}", via=self._via)
+
+    async def _publish(self, request: streams_pb2.PublishRequest, *, what: str
+                       ) -> streams_pb2.PublishAck:
+        return await self._again(lambda: self._streams.publish(request, self._via), what=what)
 
     async def _wait_one(self) -> None:
         done, _ = await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
@@ -150,10 +202,10 @@ class Upload:
         request = streams_pb2.PublishRequest(
             stream=self._stream, subject=layout.marker_subject(self._bucket, self.upload),
             payload=layout.encode_marker(name=self._name, started_ms=self._clock.wall_ms()),
-            expected_last_subject_seq=self._marker_seq)
+            expected_last_subject_seq=self._marker_seq, msg_id=self._marker_msg_id())
         self._published = True
         try:
-            ack = await self._streams.publish(request, self._via)
+            ack = await self._publish(request, what="the marker")
         except RaftlogError as err:
             if err.reason is not Reason.WRONG_LAST_SUBJECT_SEQ:
                 raise
@@ -170,29 +222,22 @@ async def remove_upload(streams: StreamOps, *, bucket: str, upload: str, via: Ca
     limits.object_cleanup_attempts_max times in all; a failure after that is logged and what
     stays is the sweep's."""
     stream = layout.bucket_stream(bucket)
-    pause_s = limits.object_cleanup_backoff_s
-    for attempt in range(1, limits.object_cleanup_attempts_max + 1):
-        try:
-            for subject in (layout.chunks_pattern(bucket, upload),
-                            layout.marker_subject(bucket, upload)):
-                await streams.purge(streams_pb2.PurgeStreamRequest(name=stream, subject=subject),
-                                    via)
-            return
-        except RaftlogError as err:
-            if err.reason is Reason.STREAM_NOT_FOUND:
-                return  # the bucket went with them
-            if err.reason.status_name not in _RETRYABLE_STATUSES or \
-                    attempt == limits.object_cleanup_attempts_max:
-                log.warning("bucket %s: chunks of upload %s stay for the sweep (after %d "
-                            "attempts): %s", bucket, upload, attempt, err.message)
-                return
-            log.info("bucket %s: removing the chunks of upload %s failed (%s); again in %.1f s",
-                     bucket, upload, err.message, pause_s)
-        await asyncio.sleep(pause_s)
-        pause_s *= 2
 
+    async def purge() -> None:
+        for subject in (layout.chunks_pattern(bucket, upload),
+                        layout.marker_subject(bucket, upload)):
+            await streams.purge(streams_pb2.PurgeStreamRequest(name=stream, subject=subject), via)
 
-_RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+    try:
+        await again(purge, what=f"bucket {bucket}: removing the chunks of upload {upload}",
+                    attempts=limits.object_cleanup_attempts_max,
+                    pause_s=limits.object_cleanup_backoff_s,
+                    pause_max_s=limits.object_cleanup_backoff_max_s,
+                    statuses=frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"}))
+    except RaftlogError as err:
+        if err.reason is not Reason.STREAM_NOT_FOUND:  # else the bucket went with them
+            log.warning("bucket %s: chunks of upload %s stay for the sweep: %s", bucket,
+                        upload, err.message)
 
 
 SWEEP_SHARDS = 16  # the first hex digit of an upload id: a sweep looks at one at a time

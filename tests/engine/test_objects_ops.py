@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -190,6 +191,57 @@ def test_a_failed_puts_chunks_are_removed_through_retryable_refusals(
             Reason.SHA_MISMATCH
         await store.objects.cleanups_done()
         assert refusals == [Reason.NO_LEADER] and len(store.chunk_subjects()) == 10
+
+    run(body)
+
+
+def test_a_put_goes_on_through_retryable_refusals_and_stores_each_chunk_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every publish of the put (first batch with the marker, chunks, metadata) is refused
+    twice before it goes through: once before it is stored, once after (the answer lost, as
+    when the bucket's primary fails over between its fsync and its answer). The put succeeds,
+    reads back whole, and each message is stored once (its msg_id). Refused past the attempts
+    allowed, the put fails with the refusal and nothing becomes live."""
+    monkeypatch.setattr(limits, "object_publish_backoff_s", 0.001)
+    monkeypatch.setattr(limits, "object_publish_backoff_max_s", 0.001)
+    payload = bytes(range(256)) * (20 * CHUNK // 256) + b"tail"  # 21 chunks
+
+    async def body(store: Store) -> None:
+        publish, publish_batch = store.streams.publish, store.streams.publish_batch
+        tries: dict[str, int] = {}
+        refused_max = 2
+
+        async def flaky(call: Callable[[Any, Call], Awaitable[Any]], key: str, request: Any,
+                        via: Call) -> Any:
+            tries[key] = tries.get(key, 0) + 1
+            if tries[key] == 1 and refused_max:
+                raise RaftlogError(Reason.NO_QUORUM, "refused before it was stored")
+            if tries[key] <= refused_max:
+                await call(request, via)
+                raise RaftlogError(Reason.FORWARD_FAILED, "stored, but the answer was lost")
+            return await call(request, via)
+
+        async def flaky_publish(request: streams_pb2.PublishRequest, via: Call) -> Any:
+            return await flaky(publish, request.msg_id, request, via)
+
+        async def flaky_batch(request: streams_pb2.PublishBatchRequest, via: Call) -> Any:
+            return await flaky(publish_batch, request.entries[0].msg_id, request, via)
+
+        monkeypatch.setattr(store.streams, "publish", flaky_publish)
+        monkeypatch.setattr(store.streams, "publish_batch", flaky_batch)
+        info = await put(store, "o", payload)
+        assert info.chunk_count == 21 and await get(store, "o") == payload
+        assert len(tries) == 1 + 17 + 1 and set(tries.values()) == {3}  # batch, chunks, meta
+        stream = store.engine.get(layout.bucket_stream("b"))
+        found, _ = stream.subjects_with_prefix("", limit=1_000)
+        assert len(store.chunk_subjects()) == 21
+        assert {summary.messages for summary in found} == {1}, found
+
+        tries.clear()
+        refused_max = limits.object_publish_attempts_max
+        assert await reason_of(put(store, "p", payload)) is Reason.FORWARD_FAILED
+        assert tries and set(tries.values()) == {limits.object_publish_attempts_max}
+        assert await reason_of(get(store, "p")) is Reason.OBJECT_NOT_FOUND
 
     run(body)
 
