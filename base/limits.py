@@ -296,9 +296,9 @@ object_sweep_markers_max = 1_000  # upload markers one sweep of one bucket exami
 object_cleanup_attempts_max = 5  # purges of a failed put's chunks before the sweep's turn
 object_cleanup_backoff_s = 0.2  # the pause after the first retryable failure; doubles
 object_cleanup_backoff_max_s = 2.0  # ...up to this
-object_publish_attempts_max = 15  # publishes of one put's chunk (...) refused as UNAVAILABLE
-object_publish_backoff_s = 0.05  # the pause after the first such refusal; doubles...
-object_publish_backoff_max_s = 1.0  # ...up to this (15 attempts: 10.55 s of pauses)
+object_retry_attempts_max = 15  # tries of one object publish or chunk read refused UNAVAILABLE
+object_retry_backoff_s = 0.05  # the pause after the first such refusal; doubles...
+object_retry_backoff_max_s = 1.0  # ...up to this (15 attempts: 10.55 s of pauses)
 
 # KV buckets (ops/kv.py, kv_entries.py, kv_watch.py: buckets of keys on one stream per bucket).
 kv_history_max = 64  # revisions a bucket keeps per key (its stream's max_msgs_per_subject)

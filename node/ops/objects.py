@@ -363,11 +363,14 @@ class ObjectOps:
 
     async def _chunk(self, bucket: str, meta: ObjectMeta, index: int, revision: int,
                      via: Call) -> bytes:
-        subject = layout.chunk_subject(bucket, meta.upload, index)
+        request = streams_pb2.ReadLatestAtSubjectRequest(
+            stream=layout.bucket_stream(bucket),
+            subject=layout.chunk_subject(bucket, meta.upload, index))
         try:
-            with _bucket_errors(bucket):
-                message = await self._streams.read_latest(streams_pb2.ReadLatestAtSubjectRequest(
-                    stream=layout.bucket_stream(bucket), subject=subject), via)
+            with _bucket_errors(bucket):  # a get goes on across a failover, as a put does
+                message = await retried(lambda: self._streams.read_latest(request, via),
+                                        what=f"bucket {bucket}: chunk {index} of {meta.name!r}",
+                                        via=via)
         except RaftlogError as err:
             if err.reason is not Reason.MESSAGE_NOT_FOUND:
                 raise

@@ -63,10 +63,11 @@ async def again(attempt: Callable[[], Awaitable[T]], *, what: str, attempts: int
 
 
 async def retried(attempt: Callable[[], Awaitable[T]], *, what: str, via: Call) -> T:
-    """`again`, with the limits of a put's publishes (limits.object_publish_*)."""
-    return await again(attempt, what=what, attempts=limits.object_publish_attempts_max,
-                       pause_s=limits.object_publish_backoff_s,
-                       pause_max_s=limits.object_publish_backoff_max_s, via=via)
+    """`again` with the limits of the object store's calls (limits.object_retry_*): a put's
+    publishes and reads, a get's chunk reads."""
+    return await again(attempt, what=what, attempts=limits.object_retry_attempts_max,
+                       pause_s=limits.object_retry_backoff_s,
+                       pause_max_s=limits.object_retry_backoff_max_s, via=via)
 
 
 class Upload:

@@ -200,10 +200,11 @@ def test_a_put_goes_on_through_retryable_refusals_and_stores_each_chunk_once(
     """Every publish of the put (first batch with the marker, chunks, metadata) is refused
     twice before it goes through: once before it is stored, once after (the answer lost, as
     when the bucket's primary fails over between its fsync and its answer). The put succeeds,
-    reads back whole, and each message is stored once (its msg_id). Refused past the attempts
-    allowed, the put fails with the refusal and nothing becomes live."""
-    monkeypatch.setattr(limits, "object_publish_backoff_s", 0.001)
-    monkeypatch.setattr(limits, "object_publish_backoff_max_s", 0.001)
+    reads back whole (through refused chunk reads too), and each message is stored once (its
+    msg_id). Refused past the attempts allowed, the put fails with the refusal and nothing
+    becomes live."""
+    monkeypatch.setattr(limits, "object_retry_backoff_s", 0.001)
+    monkeypatch.setattr(limits, "object_retry_backoff_max_s", 0.001)
     payload = bytes(range(256)) * (20 * CHUNK // 256) + b"tail"  # 21 chunks
 
     async def body(store: Store) -> None:
@@ -237,10 +238,21 @@ def test_a_put_goes_on_through_retryable_refusals_and_stores_each_chunk_once(
         assert len(store.chunk_subjects()) == 21
         assert {summary.messages for summary in found} == {1}, found
 
+        read_latest, reads = store.streams.read_latest, {"refused": 0}
+
+        async def flaky_read(request: streams_pb2.ReadLatestAtSubjectRequest, via: Call) -> Any:
+            if ".C." in request.subject and reads["refused"] < 5:
+                reads["refused"] += 1
+                raise RaftlogError(Reason.NOT_PRIMARY, "the primary moved")
+            return await read_latest(request, via)
+
+        monkeypatch.setattr(store.streams, "read_latest", flaky_read)
+        assert await get(store, "o") == payload and reads["refused"] == 5  # chunk reads too
+
         tries.clear()
-        refused_max = limits.object_publish_attempts_max
+        refused_max = limits.object_retry_attempts_max
         assert await reason_of(put(store, "p", payload)) is Reason.FORWARD_FAILED
-        assert tries and set(tries.values()) == {limits.object_publish_attempts_max}
+        assert tries and set(tries.values()) == {limits.object_retry_attempts_max}
         assert await reason_of(get(store, "p")) is Reason.OBJECT_NOT_FOUND
 
     run(body)

@@ -501,6 +501,30 @@ def test_the_cli_puts_and_gets_a_file(clients: Clients, tmp_path: Path) -> None:
     assert missing.returncode == 1 and "OBJECT_NOT_FOUND" in missing.stderr
 
 
+def test_a_get_streaming_while_the_primary_dies_reads_the_whole_object(
+        clients: Clients) -> None:
+    """Kills the bucket's primary (-9) while a GetStream through another node is under way:
+    its chunk reads are tried again across the failover, and the stream ends whole."""
+    cluster = clients.cluster
+    route = cluster.cluster(1).ExplainRoute(cluster_pb2.ExplainRouteRequest(
+        stream=f"OBJ_{BUCKET}"), timeout=call_timeout_s)
+    primary = cluster.index_of(route.primary)
+    front = next(i for i in (1, 2, 3) if i != primary)
+    data = content(24 * MiB, seed=7)
+    clients.objects(front).PutStream(put_stream_frames("read-across", data, frame_bytes=MiB),
+                                     timeout=call_timeout_s)
+    frames = clients.objects(front).GetStream(objects_pb2.GetObjectRequest(
+        bucket=BUCKET, name="read-across"), timeout=call_timeout_s)
+    got = [next(frames), next(frames)]  # the info, then the first data
+    cluster.kill9(primary)  # the stream has most of the object still to read
+    clients.drop(primary)
+    got += list(frames)
+    assert b"".join(frame.data for frame in got[1:]) == data
+    cluster.restart(primary)
+    wait_until(lambda: _serves(clients, primary, "read-across"), failover_timeout_s,
+               interval_s=0.2, what="the restarted node serves objects")
+
+
 def test_a_put_whose_primary_dies_leaves_no_broken_object(clients: Clients) -> None:
     """Last in the module: kills the bucket's primary (-9) while a put streams through another
     node. The put goes on across the failover (its publishes are tried again and stored once,
@@ -559,10 +583,10 @@ def test_a_put_whose_primary_dies_leaves_no_broken_object(clients: Clients) -> N
     print(f"the put through n{front} while n{primary} was killed: {outcome}")
 
 
-def _serves(clients: Clients, i: int) -> bool:
+def _serves(clients: Clients, i: int, name: str = "before-crash") -> bool:
     try:
         clients.objects(i).GetInfo(objects_pb2.GetObjectInfoRequest(
-            bucket=BUCKET, name="before-crash"), timeout=5)
+            bucket=BUCKET, name=name), timeout=5)
     except grpc.RpcError as err:
         if err.code() != grpc.StatusCode.UNAVAILABLE:
             raise
