@@ -82,6 +82,7 @@ class PeerLink:
         self._task: asyncio.Task[None] | None = None
         self._call: LinkCall | None = None
         self._restarting = False
+        self._stopping = False  # stop() was called: the task ends, whatever reaches it
         self._next_id = 1
         self._sent: collections.deque[tuple[int, float]] = collections.deque()  # in order
         self.last_sent_s = -1e9
@@ -108,6 +109,13 @@ class PeerLink:
             self._run(), name=f"link-{self.node_id}", context=logctx.background())
 
     async def stop(self) -> None:
+        """Ends the link's task and its call. The task's loop also ends on `_stopping`: a
+        cancellation can be swallowed on its way (a gRPC call may end as a broken call
+        instead, and one that lands while a restart is under way looks like the restart), and
+        the loop must not go on reconnecting then."""
+        self._stopping = True
+        if self._call is not None:
+            self._call.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -169,7 +177,7 @@ class PeerLink:
             yield await queue.get()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             was_connected = False
             # A queue per call: the request generator of a call that failed may still wait on
             # its queue, and must not take what is meant for the next call.
@@ -182,7 +190,7 @@ class PeerLink:
                         self.connected = was_connected = True  # tick() wakes the waiting
                     self._on_answer(ack)
             except asyncio.CancelledError:
-                if not self._restarting:
+                if self._stopping or not self._restarting:
                     raise  # the link itself is being stopped
             except (LinkReset, RaftlogError) as err:
                 log.debug("replication link to %s: %s", self.node_id, err)
@@ -195,7 +203,8 @@ class PeerLink:
             self._sent.clear()  # requests queued for a broken call are lost; streams resend
             if was_connected:  # its streams sent on it: they ask again once it is back
                 self._on_reset(self.node_id)
-            await asyncio.sleep(limits.replication_reconnect_backoff_s)
+            if not self._stopping:
+                await asyncio.sleep(limits.replication_reconnect_backoff_s)
 
 
 @dataclass

@@ -7,7 +7,7 @@ No sockets, no processes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -21,8 +21,9 @@ from raftlog.node.engine.rocks_store import RocksMessageStore
 from raftlog.node.engine.storage import GroupCommitter, Storage
 from raftlog.node.engine.stream import Stream
 from raftlog.node.engine.streams import NoConsumers, StreamEngine
+from raftlog.node.replication.links import LinkReset
 from raftlog.node.replication.memory_link import MemoryNetwork
-from raftlog.node.replication.primary import ReplicationManager
+from raftlog.node.replication.primary import PeerLink, ReplicationManager
 from raftlog.node.replication.service import ReplicationService
 from raftlog.v1 import streams_pb2, types_pb2
 
@@ -490,3 +491,64 @@ def test_a_new_primary_serves_reads_once_what_it_took_over_is_committed(
             await manager.stop()
 
     run(tmp_path, body)
+
+
+class _SwallowingCall:
+    """A call whose `acks()` turns a cancellation of the task reading it into the call's own
+    end (LinkReset), as a gRPC call can, while `transport.swallow`; its `cancel()` does
+    nothing."""
+
+    def __init__(self, transport: _Swallowing) -> None:
+        self._transport = transport
+
+    async def acks(self) -> AsyncIterator[replication_pb2.ReplicateAck]:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if not self._transport.swallow:
+                raise
+            raise LinkReset("the call ended as the task was cancelled") from None
+        yield replication_pb2.ReplicateAck()  # never reached
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Swallowing:
+    def __init__(self) -> None:
+        self.opened = 0
+        self.swallow = True
+
+    def open(self, node_id: str, requests: AsyncIterator[replication_pb2.ReplicateRequest]
+             ) -> _SwallowingCall:
+        self.opened += 1
+        return _SwallowingCall(self)
+
+
+@pytest.mark.parametrize("restarting", [False, True])
+def test_a_stopped_link_ends_even_when_its_call_swallows_the_cancellation(
+        restarting: bool) -> None:
+    """A link stopped while its call turns the cancellation into a broken call (or while a
+    restart of the call is under way) ends at once; before, it went on reconnecting and its
+    stop() never returned (seen once in CI, test_calls_when_the_peer_dies.py)."""
+    transport = _Swallowing()
+    link = PeerLink(node_id="n2", self_id="n1", transport=transport, clock=FakeClock(),
+                    on_ack=lambda *_: None, on_reset=lambda _: None)
+
+    async def body() -> bool:
+        link.start()
+        while not transport.opened:
+            await asyncio.sleep(0.01)
+        if restarting:
+            link.restart()  # the call's cancel() does nothing: the restart stays under way
+        stopping = asyncio.ensure_future(link.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=2.0)
+        transport.swallow = False  # whatever happened: let a cancellation through now
+        while not stopping.done():
+            if link._task is not None:
+                link._task.cancel()
+            await asyncio.wait({stopping}, timeout=0.05)
+        return bool(done)
+
+    assert asyncio.run(body()), "stop() did not end the link within 2 s"
+    assert transport.opened == 1
