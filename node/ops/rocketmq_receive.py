@@ -129,14 +129,14 @@ class Receiver:
                     ) -> Received | None:
         if request.one_queue:
             return await self._fetch(request, request.queue, wait_ms, via)
-        key = (request.topic, request.group)
-        turn = request.queue if request.others else self._turn.get(key, 0) % count
+        turn = request.queue if request.others else \
+            self._turn.get((request.topic, request.group), 0) % count
         give_up_at_s = self._clock.monotonic_s() + wait_ms / 1000
         while True:
             for step in range(count):  # a look at every queue, waiting on none
                 found = await self._fetch(request, (turn + step) % count, 0, via)
                 if found is not None:
-                    return self._served(key, found, count)
+                    return self._served(request, found, count)
             remaining_ms = int((give_up_at_s - self._clock.monotonic_s()) * 1000)
             if remaining_ms <= 0:
                 return None
@@ -144,13 +144,17 @@ class Receiver:
                                                            limits.rocketmq_poll_slice_ms)
             found = await self._fetch(request, turn, slice_ms, via)
             if found is not None:
-                return self._served(key, found, count)
+                return self._served(request, found, count)
             turn = (turn + 1) % count
 
-    def _served(self, key: tuple[str, str], found: Received, count: int) -> Received:
+    def _served(self, request: Receive, found: Received, count: int) -> Received:
+        """Where the group's next receive of any queue starts (one that names its queue,
+        `others`, starts there and leaves this alone)."""
+        if request.others:
+            return found
         if len(self._turn) >= limits.rocketmq_groups_cached_max:
             self._turn.clear()
-        self._turn[key] = (found.queue + 1) % count
+        self._turn[(request.topic, request.group)] = (found.queue + 1) % count
         return found
 
     async def _fetch(self, request: Receive, queue: int, wait_ms: int, via: Call

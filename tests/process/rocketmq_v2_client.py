@@ -61,6 +61,13 @@ def _config(endpoint: str) -> ClientConfiguration:
     return ClientConfiguration(endpoint, Credentials(), request_timeout=5)
 
 
+def _message(topic: str, body: str) -> Message:
+    message = Message()
+    message.topic = topic
+    message.body = body.encode()
+    return message
+
+
 def produce(endpoint: str, topic: str, count: int, prefix: str,
             groups: list[str]) -> list[dict[str, Any]]:
     producer = Producer(_config(endpoint), (topic,))
@@ -68,9 +75,7 @@ def produce(endpoint: str, topic: str, count: int, prefix: str,
     sent = []
     try:
         for i in range(count):
-            message = Message()
-            message.topic = topic
-            message.body = f"{prefix}-{i}".encode()
+            message = _message(topic, f"{prefix}-{i}")
             message.tag = "even" if i % 2 == 0 else "odd"
             message.keys = f"key-{i}"
             message.add_property("index", str(i))
@@ -139,10 +144,7 @@ def rounds(endpoint: str, topic: str, group: str, count: int, await_s: int
     done = []
     try:
         for i in range(count):
-            message = Message()
-            message.topic = topic
-            message.body = f"r-{i}".encode()
-            producer.send(message)
+            producer.send(_message(topic, f"r-{i}"))
             started = time.monotonic()
             received = consumer.receive(16, 30)
             took_s = time.monotonic() - started
@@ -211,9 +213,7 @@ def delayed(endpoint: str, topic: str, delay_ms: int) -> dict[str, Any]:
     producer = Producer(_config(endpoint), (topic,))
     producer.startup()
     try:
-        message = Message()
-        message.topic = topic
-        message.body = b"later"
+        message = _message(topic, "later")
         sent_ms = int(time.time() * 1000)
         message.delivery_timestamp = sent_ms + delay_ms
         receipt = producer.send(message)
@@ -230,9 +230,7 @@ def recall(endpoint: str, topic: str, delay_ms: int) -> dict[str, Any]:
     producer.startup()
     answers: list[dict[str, Any]] = []
     try:
-        message = Message()
-        message.topic = topic
-        message.body = b"recalled"
+        message = _message(topic, "recalled")
         due_ms = int(time.time() * 1000) + delay_ms
         message.delivery_timestamp = due_ms
         receipt = producer.send(message)
@@ -279,9 +277,7 @@ def transactional(endpoint: str, topic: str, wait_s: float) -> dict[str, Any]:
     ids = {}
     try:
         for body in ("commit", "rollback", "orphan"):
-            message = Message()
-            message.topic = topic
-            message.body = body.encode()
+            message = _message(topic, body)
             transaction = producer.begin_transaction()
             ids[body] = producer.send(message, transaction).message_id
             if body == "commit":
