@@ -14,6 +14,9 @@ measures with a grpc.aio client (128-byte messages):
 
 then stops the node (by its pid), measures the floor under those figures (a bare grpc.aio
 server and client doing the same call shapes with nothing else: scripts/bench_grpc_floor.py),
+with --replicas 3 the R3 skeleton (three processes doing only what the contract asks of a batch
+publish and of fetch + ack, with the same load loops: scripts/bench_skeleton.py, which says
+whether each target is within reach of any design on this stack in this run),
 and runs `../shared/peers/jetstream/run --replicas R --phases
 pub` (`pub,failover` with --failover, which also runs scripts/bench_failover.py), and prints
 the ratio raftlog/JetStream for each comparable figure with its target. A table
@@ -57,6 +60,7 @@ import bench_failover
 import bench_grpc_floor
 import bench_profile
 import bench_report
+import bench_skeleton
 import grpc
 
 from raftlog.chaos import procstat
@@ -496,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     _log("bare grpc.aio floor (scripts/bench_grpc_floor.py)")
     floor = bench_grpc_floor.measure(
         seconds=bench_grpc_floor.phase_quick_s if args.quick else bench_grpc_floor.phase_s)
+    skeleton = None
+    if args.replicas == 3:
+        _log("R3 skeleton (scripts/bench_skeleton.py)")
+        skeleton = bench_skeleton.measure(quick=args.quick)
     fo_plan = bench_failover.QUICK if args.quick else bench_failover.FULL
     failover = (bench_failover.run_trials(fo_plan, seed=wl.seed_from_env(),
                                           quick=args.quick) if args.failover else None)
@@ -528,9 +536,14 @@ def main(argv: list[str] | None = None) -> int:
         "targets": bench_report.absolute(raftlog),
         "failover": None if failover is None else bench_failover.with_peer(failover, peer),
         "grpc_floor": floor,
+        "skeleton": skeleton,
+        "skeleton_ratios": None if skeleton is None else bench_skeleton.compare(
+            skeleton, raftlog, js),
     }
     print(bench_report.table(document), file=sys.stderr)
     print(bench_grpc_floor.table(floor), file=sys.stderr)
+    if skeleton is not None:
+        print(bench_skeleton.table(skeleton, document["skeleton_ratios"]), file=sys.stderr)
     if document["failover"]:
         print(bench_failover.table(document["failover"]), file=sys.stderr)
     print(json.dumps(document, indent=2))

@@ -35,8 +35,8 @@ def peer_figures(peer: dict[str, Any], *, replicas: int = 1) -> dict[str, Any]:
     """The medians (at the run's replica count) the ratios use, plus the peer's own facts."""
     r1 = peer.get("summary", {}).get(f"R{replicas}", {})
 
-    def median(phase: str, figure: str) -> float | None:
-        value = r1.get(phase, {}).get(figure, {}).get("median")
+    def median(phase: str, name: str) -> float | None:
+        value = r1.get(phase, {}).get(name, {}).get("median")
         return float(value) if value is not None else None
 
     return {
@@ -103,7 +103,8 @@ ABSOLUTE_TARGETS: tuple[tuple[str, tuple[str, ...], str, float], ...] = (
 )
 
 
-def _figure(figures: dict[str, Any], path: tuple[str, ...]) -> float | None:
+def figure(figures: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    """The number at `path` in a figures document (None when it is not there)."""
     value: Any = figures
     for key in path:
         value = value.get(key, {}) if isinstance(value, dict) else None
@@ -119,7 +120,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, An
     paths = [path for _, path in SPREAD_FIGURES]
     paths += [(*path[:-1], "p99_ms") for path in paths if path[-1] == "p50_ms"]
     for path in paths:
-        values = [v for v in (_figure(run, path) for run in runs) if v is not None]
+        values = [v for v in (figure(run, path) for run in runs) if v is not None]
         if not values:
             continue
         target: Any = merged
@@ -128,11 +129,11 @@ def merge_runs(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, An
         target[path[-1]] = statistics.median(values)
     spreads: dict[str, Any] = {}
     for name, path in SPREAD_FIGURES:
-        values = [v for v in (_figure(run, path) for run in runs) if v is not None]
+        values = [v for v in (figure(run, path) for run in runs) if v is not None]
         spread = _spread(values)
         # The client's CPU per message in the same phase: the same work in every run, so its
         # spread is the machine's own speed changing between runs, not raftlog's.
-        client = [v for v in (_figure(run, (*path[:-1], "client_cpu_us_per_msg"))
+        client = [v for v in (figure(run, (*path[:-1], "client_cpu_us_per_msg"))
                               for run in runs) if v is not None]
         spreads[name] = {"values": values,
                          "median": statistics.median(values) if values else None,
@@ -155,9 +156,9 @@ def absolute(raftlog: dict[str, Any]) -> dict[str, Any]:
         ours: Any = raftlog
         for key in path:
             ours = ours.get(key, {}) if isinstance(ours, dict) else None
-        figure = ours if isinstance(ours, int | float) else None
-        met = None if figure is None else (figure <= target if op == "<=" else figure >= target)
-        out[name] = {"raftlog": figure, "target": f"{op} {target:g}", "met": met}
+        value = ours if isinstance(ours, int | float) else None
+        met = None if value is None else (value <= target if op == "<=" else value >= target)
+        out[name] = {"raftlog": value, "target": f"{op} {target:g}", "met": met}
     return out
 
 
