@@ -1,11 +1,13 @@
 """The most any R3 design on Python gRPC, RocksDB and pysyncobj can do here (issue 17): a skeleton
-cluster that does only what raftlog's contract asks of a batch publish and of fetch + ack, and
-nothing else, measured with raftlog's own load loops (node/cli/loadgen.py) and protos.
+cluster that does only what raftlog's contract asks of a publish, a batch publish and of fetch +
+ack, and nothing else, measured with raftlog's own load loops (node/cli/loadgen.py) and protos.
 
 Three processes on loopback. The first serves raftlog.v1 PublishBatch, Fetch and Ack (the real
 messages; an answer in the compact form); the other two are its replicas. All three run one
 pysyncobj group (no journal file: cheaper than raftlog's, which saves each entry in RocksDB).
 
+    Publish        one message, as a batch of one (the unary p50 is held to raftlog's absolute
+                   target, 1.3 ms)
     PublishBatch   the entries' own bytes stored at consecutive seqs in RocksDB, fsynced (group
                    commit: every call waiting shares one fsync and one replication item); each
                    replica gets the batch as one raftlog.internal ReplicateRequest on a
@@ -69,6 +71,7 @@ append_entries_period_s = 0.01
 call_timeout_s = 30.0
 # (phase, loop, batch, messages in the full run, in a quick run)
 PHASES: tuple[tuple[str, str, int, int, int], ...] = (
+    ("unary_1", "unary", 1, 10_000, 500),
     ("batch_100", "publish", 100, 300_000, 20_000),
     ("batch_1000", "publish", 1000, 600_000, 50_000),
     ("fetch_ack_100", "fetch_ack", 100, 300_000, 20_000),
@@ -76,7 +79,9 @@ PHASES: tuple[tuple[str, str, int, int, int], ...] = (
 )
 phase_time_s = 20.0
 batch_inflight = 4  # scripts/bench's Plan.batch_inflight
-# Each phase's comparison in bench_report.COMPARISONS (raftlog's figure, JetStream's, target).
+# Each phase's comparison in bench_report.COMPARISONS (raftlog's figure, JetStream's, target);
+# unary_1's p50 is held to bench_report.ABSOLUTE_TARGETS' instead (UNARY_TARGET).
+UNARY_TARGET = "unary_p50_ms"
 SKELETON_COMPARISONS = {
     "batch_100": "batch_100_vs_publish_async",
     "batch_1000": "batch_1000_vs_publish_async",
@@ -233,6 +238,15 @@ class Primary:
         return streams_pb2.PublishBatchResponse(acked=len(records), first_seq=first_seq,
                                                 stream=stream_name, epoch=1, primary=primary_id)
 
+    async def publish(self, request: streams_pb2.PublishRequest, context: Any
+                      ) -> streams_pb2.PublishAck:
+        """One message: a batch of one, on the same path."""
+        entry = streams_pb2.PublishEntry(subject=request.subject, payload=request.payload)
+        answer = await self.publish_batch(
+            streams_pb2.PublishBatchRequest(stream=request.stream, entries=[entry]), context)
+        return streams_pb2.PublishAck(stream=stream_name, seq=answer.first_seq, epoch=1,
+                                      primary=primary_id)
+
     async def _send(self) -> None:
         """Every call waiting goes to the replicas as one item; done at the first replica's
         ack (with the primary's own copy, a majority of three)."""
@@ -337,6 +351,10 @@ async def serve(index: int, grpc_ports: list[int], raft_ports: list[int], data: 
         primary = Primary(store, links, acks)
         server.add_generic_rpc_handlers((
             grpc.method_handlers_generic_handler("raftlog.v1.Streams", {
+                "Publish": grpc.unary_unary_rpc_method_handler(
+                    primary.publish,
+                    request_deserializer=streams_pb2.PublishRequest.FromString,
+                    response_serializer=streams_pb2.PublishAck.SerializeToString),
                 "PublishBatch": grpc.unary_unary_rpc_method_handler(
                     primary.publish_batch,
                     request_deserializer=streams_pb2.PublishBatchRequest.FromString,
@@ -409,7 +427,11 @@ async def _phases(address: str, pids: list[int], *, quick: bool) -> dict[str, An
         for name, loop_name, batch, full_msgs, quick_msgs in PHASES:
             count = quick_msgs if quick else full_msgs
             run: Callable[[], Awaitable[loadgen.LoadResult]]
-            if loop_name == "publish":
+            if loop_name == "unary":
+                run = functools.partial(
+                    loadgen.publish_unary, client, stream=stream_name, subject=subject,
+                    payload=payload, count=count, callers=1, time_limit_s=phase_time_s)
+            elif loop_name == "publish":
                 run = functools.partial(
                     loadgen.publish_batch, client, stream=stream_name, subject=subject,
                     payload=payload, count=count, batch=batch, inflight=batch_inflight,
@@ -471,6 +493,16 @@ def compare(figures: dict[str, Any], raftlog: dict[str, Any] | None,
             "raftlog_share": (round(raftlog_figure / ours, 3)
                               if raftlog_figure is not None and ours else None),
         }
+    if "unary_1" in figures:
+        path, op, target = next((path, op, target) for name, path, op, target
+                                in bench_report.ABSOLUTE_TARGETS if name == UNARY_TARGET)
+        p50 = figures["unary_1"]["p50_ms"]
+        out["unary_1"] = {
+            "skeleton_p50_ms": p50,
+            "target": f"{op} {target:g} ms",
+            "reachable": p50 <= target if op == "<=" else p50 >= target,
+            "raftlog_p50_ms": bench_report.figure(raftlog, path) if raftlog else None,
+        }
     return out
 
 
@@ -485,6 +517,14 @@ def table(figures: dict[str, Any], comparison: dict[str, Any] | None = None) -> 
              f"{'share':>5}"]
     for name, figure in figures.items():
         item = comparison.get(name, {})
+        if name == "unary_1":
+            reachable = {True: "yes", False: "NO", None: "-"}[item.get("reachable")]
+            raftlog = item.get("raftlog_p50_ms")
+            lines.append(f"  {name:<20} {figure['msgs_per_s']:>9,.0f}  p50 "
+                         f"{figure['p50_ms']:.3f} ms (target {item.get('target', '-')}: "
+                         f"reachable {reachable}; raftlog's p50 "
+                         f"{'-' if raftlog is None else f'{raftlog:.3f}'} ms)")
+            continue
         cpu = (f"{figure.get('server_cpu_us_per_msg', 0)} + "
                f"{figure.get('client_cpu_us_per_msg', 0)} us")
         ratio = "-" if item.get("ratio") is None else f"{item['ratio']:.2f}x"
@@ -507,7 +547,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="small counts")
     args = parser.parse_args(argv)
     figures = measure(quick=args.quick)
-    print(table(figures), file=sys.stderr)
+    print(table(figures, compare(figures, None, None)), file=sys.stderr)
     print(json.dumps(figures, indent=2))
     return 1 if "error" in figures else 0
 

@@ -40,7 +40,7 @@ def test_the_quick_skeleton_moves_every_message_of_every_phase(skeleton: ModuleT
         assert phase["msgs"] == quick_msgs and phase["msgs_per_s"] > 0, (name, phase)
         primary, *replicas = phase["cores"]
         assert primary > 0, (name, phase)
-        if loop == "publish":  # the replicas store every batch
+        if loop in ("unary", "publish"):  # the replicas store every batch
             assert all(cores > 0 for cores in replicas), (name, phase)
     assert skeleton.table(figures).count("\n") == len(figures) + 1
 
@@ -66,6 +66,18 @@ def test_compare_says_which_targets_the_skeleton_itself_reaches(skeleton: Module
     assert out["fetch_ack_100"]["raftlog_share"] == 0.75
     text = skeleton.table(figures, out)
     assert "2.50x" in text and "NO" in text and "50%" in text
+
+
+def test_compare_holds_the_unary_p50_to_raftlogs_absolute_target(skeleton: ModuleType) -> None:
+    raftlog = {"unary_publish": {"callers_1": {"p50_ms": 2.7}}}
+    for p50, reachable in ((2.1, False), (1.3, True), (0.9, True)):
+        figures = {"unary_1": {"msgs_per_s": 400.0, "p50_ms": p50}}
+        out = skeleton.compare(figures, raftlog, None)
+        assert out["unary_1"] == {"skeleton_p50_ms": p50, "target": "<= 1.3 ms",
+                                  "reachable": reachable, "raftlog_p50_ms": 2.7}
+        text = skeleton.table(figures, out)
+        assert f"p50 {p50:.3f} ms" in text and "raftlog's p50 2.700 ms" in text
+        assert ("reachable NO" in text) is not reachable
 
 
 def test_compare_without_the_peer_or_with_a_failed_skeleton(skeleton: ModuleType) -> None:
