@@ -14,9 +14,9 @@ measures with a grpc.aio client (128-byte messages):
 
 then stops the node (by its pid), measures the floor under those figures (a bare grpc.aio
 server and client doing the same call shapes with nothing else: scripts/bench_grpc_floor.py),
-with --replicas 3 the R3 skeleton (three processes doing only what the contract asks of a batch
-publish and of fetch + ack, with the same load loops: scripts/bench_skeleton.py, which says
-whether each target is within reach of any design on this stack in this run),
+with --replicas 3 the R3 skeleton (three processes doing only what the contract asks of a
+publish, a batch publish and fetch + ack, with the same load loops: scripts/bench_skeleton.py,
+which says whether each target is within reach of any design on this stack in this run),
 and runs `../shared/peers/jetstream/run --replicas R --phases
 pub` (`pub,failover` with --failover, which also runs scripts/bench_failover.py), and prints
 the ratio raftlog/JetStream for each comparable figure with its target. A table

@@ -90,8 +90,8 @@ SKELETON_COMPARISONS = {
 }
 
 _seq_key = struct.Struct(">Q").pack
-_synced = WriteOptions()
-_synced.sync = False  # written unsynced, then one WAL fsync per group (raftlog's group commit)
+_unsynced = WriteOptions()
+_unsynced.sync = False  # written unsynced, then one WAL fsync per group (raftlog's group commit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ class Store:
                 done.set_result(None)
 
     def _write(self, batch: WriteBatch) -> None:
-        self.db.write(batch, _synced)
+        self.db.write(batch, _unsynced)
         self.db.flush_wal(True)
 
     def read(self, from_seq: int, limit: int) -> list[tuple[int, bytes]]:
@@ -204,8 +204,15 @@ class Link:
             yield await self._queue.get()
 
     async def _read(self) -> None:
-        async for ack in self._call:
-            self._waiting.pop(ack.request_id).set_result(None)
+        """Settles each item at its ack; when the call breaks, fails every item waiting (and
+        so the publishes waiting on them) rather than leaving them to their deadlines."""
+        try:
+            async for ack in self._call:
+                self._waiting.pop(ack.request_id).set_result(None)
+        except grpc.aio.AioRpcError as err:
+            for done in self._waiting.values():
+                done.set_exception(RuntimeError(f"replication link broken: {err.details()}"))
+            self._waiting.clear()
 
     def send(self, request_id: int, first_seq: int, records: list[bytes]) -> asyncio.Future[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -290,9 +297,19 @@ class Primary:
 
 
 async def _first_of(sent: list[asyncio.Future[None]], calls: list[asyncio.Future[None]]) -> None:
-    await asyncio.wait(sent, return_when=asyncio.FIRST_COMPLETED)
-    for done in calls:
-        done.set_result(None)
+    """Settles the calls of one item when a replica holds it; fails them when none can."""
+    waiting, failure = set(sent), None
+    while waiting:
+        done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        failure = next((f.exception() for f in done if f.exception() is not None), failure)
+        if any(f.exception() is None for f in done):
+            failure = None
+            break
+    for call in calls:
+        if failure is None:
+            call.set_result(None)
+        else:
+            call.set_exception(failure)
 
 
 def _settled(pending: set[int], seqs: list[int]) -> consumers_pb2.AckResponse:
