@@ -407,8 +407,11 @@ def measure(*, quick: bool = False) -> dict[str, Any]:
     """Starts the three processes on free loopback ports, runs every phase, stops them (by
     their pids). Per phase: msgs/s and the CPU the three processes and the client spent a
     message."""
-    grpc_ports = [free_port() for _ in range(nodes)]
-    raft_ports = [free_port() for _ in range(nodes)]
+    ports: list[int] = []
+    while len(ports) < 2 * nodes:  # free now, and no two the same
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    grpc_ports, raft_ports = ports[:nodes], ports[nodes:]
     with tempfile.TemporaryDirectory(prefix="raftlog-skeleton-") as data:
         started: list[subprocess.Popen[str]] = []
         try:
