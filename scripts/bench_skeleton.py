@@ -98,6 +98,33 @@ _unsynced.sync = False  # written unsynced, then one WAL fsync per group (raftlo
 # What every node has: a RocksDB with group commit.
 
 
+# Records at consecutive seqs from the first, and what is done when they are stored or sent.
+Waiting = tuple[int, list[bytes], asyncio.Future[None]]
+
+
+class Gathering:
+    """Records handed over while their consumer is busy, taken by it all together: the group
+    commit of a store and the one replication item of the calls waiting on the primary."""
+
+    def __init__(self) -> None:
+        self._waiting: list[Waiting] = []
+        self._wake = asyncio.Event()
+
+    def add(self, first_seq: int, records: list[bytes]) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((first_seq, records, done))
+        self._wake.set()
+        return done
+
+    async def take(self) -> list[Waiting]:
+        """Every record waiting, once there is one."""
+        while not self._waiting:
+            self._wake.clear()
+            await self._wake.wait()
+        group, self._waiting = self._waiting, []
+        return group
+
+
 class Store:
     """Batches of records at consecutive seqs; `put` returns once they are fsynced, and every
     put waiting at that moment shares one fsync."""
@@ -106,23 +133,15 @@ class Store:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self.db = Rdict(str(path), options)
-        self._waiting: list[tuple[int, list[bytes], asyncio.Future[None]]] = []
-        self._wake = asyncio.Event()
+        self._puts = Gathering()
         self._task = asyncio.get_running_loop().create_task(self._commit())
 
     async def put(self, first_seq: int, records: list[bytes]) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((first_seq, records, done))
-        self._wake.set()
-        await done
+        await self._puts.add(first_seq, records)
 
     async def _commit(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            group, self._waiting = self._waiting, []
-            if not group:
-                continue
+            group = await self._puts.take()
             batch = WriteBatch(raw_mode=True)
             for first_seq, records, _ in group:
                 for offset, record in enumerate(records):
@@ -227,8 +246,7 @@ class Primary:
         self._store, self._links, self._acks = store, links, acks
         self._next_seq = 1
         self._request_id = 0
-        self._outgoing: list[tuple[int, list[bytes], asyncio.Future[None]]] = []
-        self._wake = asyncio.Event()
+        self._outgoing = Gathering()
         self._sender = asyncio.get_running_loop().create_task(self._send())
         self._cursor: dict[str, int] = {}
         self._pending: dict[str, set[int]] = {}
@@ -238,10 +256,8 @@ class Primary:
         records = [entry.SerializeToString() for entry in request.entries]
         first_seq = self._next_seq
         self._next_seq += len(records)
-        replicated_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._outgoing.append((first_seq, records, replicated_done))
-        self._wake.set()
-        await asyncio.gather(self._store.put(first_seq, records), replicated_done)
+        await asyncio.gather(self._store.put(first_seq, records),
+                             self._outgoing.add(first_seq, records))
         return streams_pb2.PublishBatchResponse(acked=len(records), first_seq=first_seq,
                                                 stream=stream_name, epoch=1, primary=primary_id)
 
@@ -258,11 +274,7 @@ class Primary:
         """Every call waiting goes to the replicas as one item; done at the first replica's
         ack (with the primary's own copy, a majority of three)."""
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            group, self._outgoing = self._outgoing, []
-            if not group:
-                continue
+            group = await self._outgoing.take()
             self._request_id += 1
             records = [record for _, batch, _ in group for record in batch]
             sent = [link.send(self._request_id, group[0][0], records) for link in self._links]
