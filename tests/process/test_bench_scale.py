@@ -8,15 +8,13 @@ work in every phase (a follower that replicates nothing, or a phase that moved n
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from raftlog.node.cluster.ring import Ring
+from tests import bench_scripts
 
 counts = [1, 4]
 phase_s = 1.5
@@ -25,13 +23,7 @@ test_timeout_s = 60  # two clusters started one after the other; about 25 s on a
 
 
 def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_scale.py"
-    spec = importlib.util.spec_from_file_location("bench_scale", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_scale", module)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("bench_scale")
 
 
 def _check_phase(name: str, phase: dict[str, Any], node_ids: set[str]) -> None:

@@ -8,25 +8,19 @@ the primary and both replicas working; the unit tests hold `compare` to its arit
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests import bench_scripts
+
 test_timeout_s = 120  # about 6 s on a quiet machine
 
 
 @pytest.fixture(scope="module")
 def skeleton() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_skeleton
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return bench_skeleton
+    return bench_scripts.load("bench_skeleton")
 
 
 @pytest.mark.timeout(test_timeout_s)

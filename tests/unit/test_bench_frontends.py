@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests import bench_scripts
 
 
 @pytest.fixture(scope="module")
 def bf() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_frontends
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return bench_frontends
+    return bench_scripts.load("bench_frontends")
 
 
 def test_nearest_rank_picks_the_sample_at_the_quantile(bf: ModuleType) -> None:

@@ -11,18 +11,14 @@ from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests import bench_scripts
+
 BUSY = "import time\nwhile True:\n    sum(range(10_000))\n    time.sleep(0.0005)\n"
 
 
 @pytest.fixture(scope="module")
 def bp() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_profile
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return bench_profile
+    return bench_scripts.load("bench_profile")
 
 
 def test_a_phase_is_profiled_when_its_name_contains_the_wanted_text(bp: ModuleType) -> None:

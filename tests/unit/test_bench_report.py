@@ -3,24 +3,17 @@ against issue 17's target (under 20 % between runs)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests import bench_scripts
 
 
 @pytest.fixture(scope="module")
 def br() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_report
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return bench_report
+    return bench_scripts.load("bench_report")
 
 
 def _phase(msgs_per_s: float, p50_ms: float = 1.0, p99_ms: float = 2.0) -> dict[str, Any]:

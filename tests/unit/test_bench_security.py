@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests import bench_scripts
 
 
 @pytest.fixture(scope="module")
 def bs() -> ModuleType:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_security
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return bench_security
+    return bench_scripts.load("bench_security")
 
 
 def test_ratios_divide_each_configuration_by_plaintext_phase_by_phase(bs: ModuleType) -> None:
