@@ -118,7 +118,8 @@ def _status_text(
     local: Sequence[localcluster.NodeProcessStatus] | None = None,
 ) -> str:
     by_id = {node.node_id: node for node in local or ()}
-    headers = ["ID", "HEALTH", "LEADER", "CONNECTED", "GRPC", "RAFT", "PRIMARIES", "REPLICAS"]
+    headers = ["ID", "HEALTH", "LEADER", "CONNECTED", "HEARD", "GRPC", "RAFT", "PRIMARIES",
+               "REPLICAS"]
     if local is not None:
         headers += ["PID", "PROCESS"]
     rows = []
@@ -128,6 +129,7 @@ def _status_text(
             health_name(node.health),
             "*" if node.node_id == status.raft_leader else "",
             "yes" if node.connected else "no",
+            "yes" if node.heard_from else "no",
             node.grpc_address,
             node.raft_address,
             node.primaries,
@@ -142,7 +144,7 @@ def _status_text(
         f"commit {status.commit_index}, applied {status.applied_index} "
         f"(answered by {status.answered_by or '?'})"
     )
-    lines = [head, "", fmt.render_table(headers, rows, right_align=[6, 7])]
+    lines = [head, "", fmt.render_table(headers, rows, right_align=[7, 8])]
     members = {node.node_id for node in status.nodes}
     strays = [node for node in local or () if node.node_id not in members]
     if strays:

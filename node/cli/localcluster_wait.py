@@ -1,7 +1,7 @@
 """Waiting for a local cluster's nodes: until each serves gRPC health (`wait_serving`), then
-until one of them shows a Raft leader with every node a member and all have caught up with the
-metadata (`wait_ready`). A node whose process exits meanwhile fails the wait at once, with the
-end of its log.
+until one of them shows a Raft leader with every node a member, all have caught up with the
+metadata and each has heard from every other (`wait_ready`). A node whose process exits
+meanwhile fails the wait at once, with the end of its log.
 """
 
 from __future__ import annotations
@@ -69,14 +69,17 @@ def wait_serving(nodes: Sequence[LocalNode], timeout_s: float) -> None:
 
 
 def wait_ready(nodes: Sequence[LocalNode], timeout_s: float) -> cluster_pb2.ClusterStatus:
-    """Until every node serves gRPC health and has caught up with the metadata, and one
-    node's GetClusterStatus shows a Raft leader and all of `nodes` as members; returns that
-    status."""
+    """Until every node serves gRPC health, has caught up with the metadata and has heard from
+    every other one of `nodes` (liveness gives a node it has not heard from since it started its
+    longest allowance before a failover, so a node stopped before that would fail over slowly),
+    and one node's GetClusterStatus shows a Raft leader and all of `nodes` as members; returns
+    that status."""
     deadline = time.monotonic() + timeout_s
     wait_serving(nodes, timeout_s)
     expected = {node.node_id for node in nodes}
     seen: dict[str, str] = {}  # each node's last answer, for the error
     caught_up: set[str] = set()
+    meshed: set[str] = set()  # nodes that have heard from every other one of `nodes`
     with _channels(nodes) as channels:
         for remaining_s in deadline_iter(deadline - time.monotonic()):
             ready: cluster_pb2.ClusterStatus | None = None
@@ -89,16 +92,21 @@ def wait_ready(nodes: Sequence[LocalNode], timeout_s: float) -> cluster_pb2.Clus
                 if answer.caught_up:
                     caught_up.add(node.node_id)
                 members = {member.node_id for member in answer.nodes}
+                unheard = expected - {m.node_id for m in answer.nodes if m.heard_from}
+                if not unheard:
+                    meshed.add(node.node_id)
                 seen[node.node_id] = (f"leader {answer.raft_leader or 'none'}, members "
-                                      f"{sorted(members)}, caught up {answer.caught_up}")
+                                      f"{sorted(members)}, caught up {answer.caught_up}, not "
+                                      f"heard from {sorted(unheard) or 'none'}")
                 if answer.raft_leader and expected <= members:
                     ready = answer
-            if ready is not None and caught_up >= expected:
+            if ready is not None and caught_up >= expected and meshed >= expected:
                 return ready
     last_seen = "; ".join(f"{node_id}: {view}" for node_id, view in sorted(seen.items()))
     raise LocalClusterError(
         Refusal.NOT_READY,
-        f"no Raft leader with all {len(nodes)} members caught up within {timeout_s:g} s "
+        f"no Raft leader with all {len(nodes)} members caught up and hearing from each other "
+        f"within {timeout_s:g} s "
         f"({last_seen or 'no answer yet'})",
     )
 

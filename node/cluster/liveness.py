@@ -146,6 +146,12 @@ class LivenessMonitor:
         last = peer.last_ok_s if peer.last_ok_s is not None else peer.first_try_s
         return self._clock.monotonic_s() - last
 
+    def heard_from(self, node_id: str) -> bool:
+        """It has answered a ping since this node started (itself: always). Until then it has
+        the never-answered allowance below."""
+        peer = self._state.get(node_id)
+        return node_id == self._node_id or (peer is not None and peer.last_ok_s is not None)
+
     def _silent_past(self, node_id: str, threshold_s: float) -> bool:
         """Silent longer than `threshold_s`; a member that never answered since this node
         started gets `failover_after_s_max` (it may only be starting, or its channel backing

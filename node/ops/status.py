@@ -47,6 +47,7 @@ def cluster_status(cluster: ClusterNode) -> cluster_pb2.ClusterStatus:
                 connected=(member.node_id == cluster.node_id
                            or connected.get(member.raft_address, False)),
                 joined_ms=member.joined_ms,
+                heard_from=cluster.liveness is None or cluster.liveness.heard_from(member.node_id),
                 primaries=sum(1 for s in held if s.primary == member.node_id),
                 replicas=len(held)))
     return cluster_pb2.ClusterStatus(

@@ -1,5 +1,5 @@
 """LivenessMonitor's adaptive threshold: round trips of members that answer count as delay;
-the answer that ends a member's outage does not."""
+the answer that ends a member's outage does not. Whom it has heard from since it started."""
 
 from __future__ import annotations
 
@@ -60,3 +60,20 @@ def test_the_answer_that_ends_an_outage_leaves_the_threshold_alone() -> None:
     clock.advance(0.1)
     asyncio.run(monitor._ping("n2"))  # a slow answer from a member that answers: a sample
     assert monitor.threshold_s() == pytest.approx(limits.liveness_delay_factor * 0.9)
+
+
+def test_heard_from_is_an_answer_since_it_started() -> None:
+    monitor, peers, clock = _monitor()
+    assert monitor.heard_from("n1")  # itself
+    assert not monitor.heard_from("n2")  # not pinged yet
+    peers.down = True
+    asyncio.run(monitor._ping("n2"))
+    assert not monitor.heard_from("n2")  # pinged, no answer
+    clock.advance(limits.failover_after_s * 2)  # silent past the usual threshold, yet it
+    assert not monitor._silent_past("n2", limits.failover_after_s)  # may only be starting
+    peers.down = False
+    asyncio.run(monitor._ping("n2"))
+    assert monitor.heard_from("n2")
+    peers.down = True
+    asyncio.run(monitor._ping("n2"))
+    assert monitor.heard_from("n2")  # it answered once: silence is judged as usual from now

@@ -316,7 +316,13 @@ def test_cli_cluster_up_status_route_down(tmp_path: Path, base_port: int) -> Non
         assert [n["pid"] for n in status["local"]] == pids
         text = raftlog("cluster", "status", "--server", up["nodes"][2]["grpc_address"])
         assert text.returncode == 0, text.stderr
-        assert "Raft leader" in text.stdout and "*" in text.stdout
+        assert "Raft leader" in text.stdout and "*" in text.stdout and "HEARD" in text.stdout
+        # `cluster up` returned once each node had heard from every other: a node stopped
+        # now fails over within the usual threshold, not the never-heard-from allowance.
+        for node in up["nodes"]:
+            seen = json_of(raftlog("cluster", "status", "--server", node["grpc_address"],
+                                   "--json"))
+            assert all(n.get("heard_from") for n in seen["nodes"]), seen
 
         n1 = up["nodes"][0]["grpc_address"]
         created = raftlog("--server", n1, "stream", "create", "orders", "--subjects", "orders.>")

@@ -83,6 +83,7 @@ class NodeStatus(_message.Message):
     PRIMARIES_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     PEER_ADDRESS_FIELD_NUMBER: _builtins.int
+    HEARD_FROM_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     raft_address: _builtins.str
     grpc_address: _builtins.str
@@ -95,6 +96,11 @@ class NodeStatus(_message.Message):
     """Streams whose primary this node is."""
     replicas: _builtins.int
     peer_address: _builtins.str
+    heard_from: _builtins.bool
+    """The answering node has had an answer to a liveness ping from this node since it started
+    (always true for itself). Until it has, it gives this node liveness' longest allowance
+    before failing it over, since it may still be starting.
+    """
     def __init__(
         self,
         *,
@@ -108,10 +114,11 @@ class NodeStatus(_message.Message):
         primaries: _builtins.int = ...,
         replicas: _builtins.int = ...,
         peer_address: _builtins.str = ...,
+        heard_from: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "grpc_address", b"grpc_address", "health", b"health", "joined_ms", b"joined_ms", "node_id", b"node_id", "peer_address", b"peer_address", "primaries", b"primaries", "raft_address", b"raft_address", "raft_leader", b"raft_leader", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "grpc_address", b"grpc_address", "health", b"health", "heard_from", b"heard_from", "joined_ms", b"joined_ms", "node_id", b"node_id", "peer_address", b"peer_address", "primaries", b"primaries", "raft_address", b"raft_address", "raft_leader", b"raft_leader", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
