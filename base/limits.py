@@ -141,6 +141,9 @@ consumer_save_coalesce_ms = 0.0  # saves arriving this long after the first pend
 # flight (one at a time), share the next
 consumer_saves_inflight_max = 4  # saves of one consumer in flight at once; later acks join the
 # next to start
+consumer_save_gather_ms = 7.0  # a save of a consumer that already has one in flight starts this
+# long after the first ack it covers arrived, so the acks of a busy consumer share Raft entries;
+# a consumer with none in flight saves at once
 consumer_batches_inflight_max = 4  # batches of saves a node's consumer store proposes at once
 consumer_propose_timeout_s = 5.0  # given to the metadata group's propose for each command
 consumer_propose_grace_s = 1.0  # past consumer_propose_timeout_s, stop waiting for a group that

@@ -36,20 +36,29 @@ class Flusher:
     after the call has completed (or raises what that save raised). The flushes of one
     event-loop turn share a save, started at the end of the turn when fewer than `inflight_max`
     are in flight; otherwise they wait for one to end, and the next save covers every flush
-    that waited meanwhile. Saves in flight may complete in any
+    that waited meanwhile. A flush that finds a save in flight gathers: the next save starts
+    `gather_s` after it (or later, when `inflight_max` are in flight), so a consumer acked
+    faster than its saves commit makes one save of several flushes, not one each; a flush
+    that finds none in flight starts its save at once. Saves in flight may complete in any
     order: a save settles every flush its snapshot covers that is not settled yet (the store
     merges progress monotonically, so a later snapshot holds everything an earlier one did)."""
 
     def __init__(self, begin_save: Callable[[], Awaitable[None]], *,
-                 inflight_max: int = limits.consumer_saves_inflight_max) -> None:
+                 inflight_max: int = limits.consumer_saves_inflight_max,
+                 gather_s: float | None = None) -> None:
+        """`gather_s`: None reads `limits.consumer_save_gather_ms`."""
         # begin_save() takes the snapshot synchronously and returns the awaitable that saves it.
         self._begin_save = begin_save
         self._inflight_max = inflight_max
+        self._gather_s = (limits.consumer_save_gather_ms / 1000 if gather_s is None
+                          else gather_s)
         self._requested = 0
         self._started_up_to = 0  # the last flush a started save covers
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._inflight: set[asyncio.Task[None]] = set()
         self._start_scheduled = False
+        self._gather_until: float | None = None  # loop time the gathering flushes wait for
+        self._gather_timer: asyncio.TimerHandle | None = None
         self._closed: RaftlogError | None = None
 
     async def flush(self) -> None:
@@ -57,6 +66,8 @@ class Flusher:
             raise self._closed
         self._requested += 1
         loop = asyncio.get_running_loop()
+        if self._requested == self._started_up_to + 1 and self._inflight and self._gather_s > 0:
+            self._gather_until = loop.time() + self._gather_s  # the first not started: gather
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append((self._requested, waiter))
         if not self._start_scheduled:  # after the other flushes of this turn
@@ -67,6 +78,9 @@ class Flusher:
     def close(self, error: RaftlogError) -> None:
         """No save starts after this; every waiter fails with `error`."""
         self._closed = error
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
         self._settle(self._requested, error)
 
     async def idle(self) -> None:
@@ -77,6 +91,13 @@ class Flusher:
 
     def _start_saves(self) -> None:
         self._start_scheduled = False
+        if self._gather_until is not None:
+            loop = asyncio.get_running_loop()
+            if loop.time() < self._gather_until:
+                if self._gather_timer is None:
+                    self._gather_timer = loop.call_at(self._gather_until, self._gathered)
+                return
+            self._gather_until = None
         while (self._closed is None and self._requested > self._started_up_to
                and len(self._inflight) < self._inflight_max):
             covered = self._started_up_to = self._requested
@@ -87,6 +108,10 @@ class Flusher:
                 continue
             task = asyncio.create_task(self._finish(saving, covered))
             self._inflight.add(task)
+
+    def _gathered(self) -> None:
+        self._gather_timer = None
+        self._start_saves()
 
     async def _finish(self, saving: Awaitable[None], covered: int) -> None:
         try:

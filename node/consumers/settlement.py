@@ -73,13 +73,16 @@ class SettlementManager(RetentionManager):
 
     async def _save_behind(self, found: ServedStream, consumer: ServedConsumer) -> None:
         """Saves a consumer's carried acks, one save at a time: the acks carried while a save
-        is in flight all go in the next (nobody waits for them, so they may as well share).
-        A failed save leaves them in the state, and the next save carries them."""
+        is in flight all go in the next, which gathers them for `consumer_save_gather_ms`
+        first (nobody waits for them, so they may as well share). A failed save leaves them in
+        the state, and the next save carries them."""
         try:
             while consumer.done_behind and consumer.closed is None:
                 done, consumer.done_behind = consumer.done_behind, []
                 await consumer.flusher.flush()
                 await self._maybe_trim(found, done)
+                if consumer.done_behind:  # carried meanwhile: gather more before saving
+                    await asyncio.sleep(limits.consumer_save_gather_ms / 1000)
         except RaftlogError as err:
             log.info("stream %s consumer %s: a save of acks carried by fetches failed (the "
                      "next save carries them): %s", found.log.name, consumer.state.name,
