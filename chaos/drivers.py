@@ -272,6 +272,10 @@ class ConsumerConfig:
     call_timeout_s: float = call_timeout_s_default
     duration_s_max: float = 120.0
     deliveries_max: int = deliveries_max_default
+    # Ack calls at once: 1 acks each fetch's seqs in one call before the next fetch; more
+    # splits them into that many calls that run while the next fetches go out (so a
+    # consumer's saves overlap, and the node gathers them).
+    acks_inflight: int = 1
 
 
 class Consumer:
@@ -288,6 +292,8 @@ class Consumer:
         self._stop_at: float | None = None
         self._drain = False
         self.history = ConsumeHistory(name=config.name, stream=config.stream)
+        self._ack_slots = asyncio.Semaphore(config.acks_inflight)
+        self._acking: set[asyncio.Task[None]] = set()
 
     async def create(self, *, attempts_max: int = read_attempts_max) -> None:
         """Creates the durable consumer (DELIVER_POLICY_ALL); an existing one is kept."""
@@ -323,6 +329,8 @@ class Consumer:
                     history.stopped_by = "stop"
                 else:
                     await self._step()
+            if self._acking:
+                await asyncio.gather(*self._acking)
             history.final_state = await self._state()
         finally:
             await self._nodes.close()
@@ -347,11 +355,27 @@ class Consumer:
             msg_id = decode_payload(message.payload) or message.msg_id
             self.history.deliveries.append(Delivery(
                 int(message.seq), msg_id, int(message.deliver_count), sent_at, received_at, node))
-        if response.messages:
+        if response.messages and self.config.acks_inflight > 1:
+            await self._ack_behind(tuple(int(m.seq) for m in response.messages))
+        elif response.messages:
             await self._ack(tuple(int(m.seq) for m in response.messages))
         elif self._drain and self._stop_at is not None and await self._is_drained():
             self.history.drained = True
             self.history.stopped_by = "drained"
+
+    async def _ack_behind(self, seqs: tuple[int, ...]) -> None:
+        """Splits the seqs into up to `acks_inflight` Ack calls that run while the next fetches
+        go out; waits only for a free slot."""
+        parts = self.config.acks_inflight
+        for part in range(min(parts, len(seqs))):
+            await self._ack_slots.acquire()
+            task = asyncio.create_task(self._ack(seqs[part::parts]))
+            task.add_done_callback(self._acked)
+            self._acking.add(task)
+
+    def _acked(self, task: asyncio.Task[None]) -> None:
+        self._acking.discard(task)
+        self._ack_slots.release()
 
     async def _ack(self, seqs: tuple[int, ...]) -> None:
         """Acks per seq: only the seqs the server accepted count as acknowledged; the ones it

@@ -123,8 +123,17 @@ def _consumes(ops: _Ops, history: ConsumeHistory) -> None:
                  fetch_value(stream=history.stream, consumer=history.name),
                  fetch_value(stream=history.stream, consumer=history.name, deliveries=seen),
                  ok=True)
-    for ack in history.acks:  # acks run beside the fetches: their own process
-        ops.call(f"{history.name}-ack", "ack", ack.node, ack.sent_at, ack.acked_at,
+    # Acks run beside the fetches, several at once when the consumer pipelines them: each in
+    # the first process of its own (name-ack, name-ack1, ...) with no call open at its start.
+    lanes: list[float] = []  # per process, when its last ack ended
+    for ack in sorted(history.acks, key=lambda a: (a.sent_at, a.acked_at)):
+        lane = next((i for i, free_at in enumerate(lanes) if free_at <= ack.sent_at),
+                    len(lanes))
+        if lane == len(lanes):
+            lanes.append(ack.acked_at)
+        lanes[lane] = ack.acked_at
+        process = f"{history.name}-ack{lane or ''}"
+        ops.call(process, "ack", ack.node, ack.sent_at, ack.acked_at,
                  ack_value(stream=history.stream, consumer=history.name, seqs=ack.seqs),
                  ack_value(stream=history.stream, consumer=history.name, seqs=ack.seqs),
                  ok=True)

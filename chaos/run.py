@@ -55,6 +55,9 @@ from raftlog.v1 import cluster_pb2, streams_pb2, streams_pb2_grpc
 STREAM = "chaos"
 SUBJECT_PREFIX = "chaos"
 CONSUMER = "auditor"
+# Ack calls of the consumer at once, running while it fetches on: its saves overlap, so the
+# nodes gather them (consumer_save_gather_ms) as they do a busy consumer's.
+CONSUMER_ACKS_INFLIGHT = 4
 probe_period_s = 0.05  # the prober publishes this often, each with its own deadline
 probe_timeout_s = 1.0
 read_period_s = 0.1
@@ -409,7 +412,8 @@ async def _workload(config: RunConfig, target: ChaosCluster, progress: Callable[
     ]
     consumer = wl.Consumer(addresses, wl.ConsumerConfig(
         stream=STREAM, name=CONSUMER, duration_s_max=config.duration_s + heal_timeout_s
-        + drain_timeout_s, call_timeout_s=call_timeout_s), seed=config.seed)
+        + drain_timeout_s, call_timeout_s=call_timeout_s, acks_inflight=CONSUMER_ACKS_INFLIGHT),
+        seed=config.seed)
     await consumer.create()
     reader = Reader(addresses, random.Random(f"{config.seed}:reader"))
     schedule = Schedule(list(config.nemeses), target.rng, fault_s=config.fault_s,
