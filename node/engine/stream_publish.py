@@ -182,59 +182,74 @@ class StreamPublishing(StreamRetention):
         run_first = record.last_seq + 1
         values: list[bytes] = []
         refs: list[bytes] = []
-        for entry in entries:
-            subject, msg_id = entry.subject, entry.msg_id
-            expects = entry.HasField("expected_last_seq") or \
-                entry.HasField("expected_last_subject_seq")
-            try:
-                known = known_subjects.get(subject)  # the usual case, without the call
-                ref, size = known if known is not None else self._subject_key(subject)
-                headers = entry.headers
-                size += len(entry.payload) + (self._headers_size(headers) if headers else 0)
-                if size > size_max or msg_id:
-                    self._check_size(entry, size, size_max)
+        # The record's counters in locals while the loop runs (a field of the protobuf record
+        # costs more to touch than the rest of a message's work): written back before every
+        # call that reads the record, and at the end.
+        last_seq, count, size_sum = record.last_seq, record.messages, record.bytes
+        epoch, last_seq_before = record.epoch, last_seq
+        try:
+            for entry in entries:
+                subject, msg_id = entry.subject, entry.msg_id
+                expects = entry.HasField("expected_last_seq") or \
+                    entry.HasField("expected_last_subject_seq")
+                try:
+                    known = known_subjects.get(subject)  # the usual case, without the call
+                    ref, size = known if known is not None else self._subject_key(subject)
+                    headers = entry.headers
+                    size += len(entry.payload) + (self._headers_size(headers) if headers else 0)
+                    if size > size_max or msg_id:
+                        self._check_size(entry, size, size_max)
+                    if msg_id:
+                        duplicate = self._duplicate_of(msg_id, now_ms)
+                        if duplicate is not None:
+                            results.append(Appended(duplicate, duplicate=True, epoch=epoch))
+                            wait_seq = max(wait_seq, duplicate)
+                            continue
+                    if expects:
+                        record.last_seq = last_seq
+                        self._check_expectations(entry)
+                    if refuse_full:
+                        record.messages, record.bytes = count, size_sum
+                        self._check_room(size)
+                except RaftlogError as err:
+                    results.append(err)
+                    continue
+                seq = last_seq + 1
+                if expects or isinstance(entry, streams_pb2.PublishRequest):
+                    entry = self._stored_form(entry)
+                values.append(entry.SerializeToString() + tail)
+                refs.append(ref)
+                stat = stats.get(subject)
+                if stat is None:
+                    stats[subject] = SubjectStat(1, seq)
+                else:
+                    stat.count += 1
+                    stat.last_seq = seq
                 if msg_id:
-                    duplicate = self._duplicate_of(msg_id, now_ms)
-                    if duplicate is not None:
-                        results.append(Appended(duplicate, duplicate=True, epoch=record.epoch))
-                        wait_seq = max(wait_seq, duplicate)
-                        continue
-                if expects:
-                    self._check_expectations(entry)
-                if refuse_full:
-                    self._check_room(size)
-            except RaftlogError as err:
-                results.append(err)
-                continue
-            seq = record.last_seq + 1
-            if expects or isinstance(entry, streams_pb2.PublishRequest):
-                entry = self._stored_form(entry)
-            values.append(entry.SerializeToString() + tail)
-            refs.append(ref)
-            stat = stats.get(subject)
-            if stat is None:
-                stats[subject] = SubjectStat(1, seq)
-            else:
-                stat.count += 1
-                stat.last_seq = seq
-            if msg_id:
-                self._remember(batch, msg_id, seq=seq, now_ms=now_ms)
-            record.last_seq = seq
-            record.last_epoch = record.epoch
-            record.messages += 1
-            record.bytes += size
-            if record.messages == 1:
-                record.first_seq = seq
-            touched.add(subject)
-            results.append(Appended(seq, epoch=record.epoch))
-            wait_seq = seq
-            if check_limits and self._over_limits(subject):
-                batch.append(self.stream_id, first_seq=run_first, values=values,
-                             subject_refs=refs)
-                run_first, values, refs = seq + 1, [], []
-                batch = self._write(batch, touched)
-                touched = set()
-                self._enforce_limits(subject)
+                    self._remember(batch, msg_id, seq=seq, now_ms=now_ms)
+                last_seq = seq
+                count += 1
+                size_sum += size
+                if count == 1:
+                    record.first_seq = seq
+                touched.add(subject)
+                results.append(Appended(seq, epoch=epoch))
+                wait_seq = seq
+                if check_limits:
+                    record.last_seq, record.messages, record.bytes = last_seq, count, size_sum
+                    if self._over_limits(subject):
+                        batch.append(self.stream_id, first_seq=run_first, values=values,
+                                     subject_refs=refs)
+                        run_first, values, refs = seq + 1, [], []
+                        batch = self._write(batch, touched)
+                        touched = set()
+                        self._enforce_limits(subject)
+                        last_seq, count, size_sum = (record.last_seq, record.messages,
+                                                     record.bytes)
+        finally:
+            record.last_seq, record.messages, record.bytes = last_seq, count, size_sum
+            if last_seq != last_seq_before:
+                record.last_epoch = epoch
         if values:
             batch.append(self.stream_id, first_seq=run_first, values=values, subject_refs=refs)
         if self.dedupe:
