@@ -22,10 +22,9 @@ from typing import Any
 
 import grpc
 
-from raftlog.base import limits
 from raftlog.chaos import workload as wl
 from raftlog.chaos.nodeproc import wait_until as _wait_until
-from raftlog.internal import replication_pb2, replication_pb2_grpc
+from raftlog.internal import replication_pb2_grpc
 from raftlog.node.api.cluster import ADMIN_METHODS, admin_metadata
 from raftlog.node.cli import certs, localcluster
 from raftlog.node.cli.localcluster import LocalClusterError, LocalNode, NodeSpec, Refusal
@@ -37,9 +36,6 @@ serving_timeout_s = 30.0
 stop_timeout_s = 15.0
 status_call_timeout_s = 1.0
 settle_poll_s = 0.2  # between two looks at every member's Raft indexes (wait_raft_settled)
-# Between two looks at every node's Ping reply (wait_meshed): longer than a node takes to
-# report a member it has not heard from.
-mesh_poll_s = 2 * limits.liveness_report_silence_ms_min / 1000
 # Base ports are drawn from [low, high): below Linux's default ephemeral range (32768-60999).
 base_port_low = 10_000
 base_port_high = 32_000
@@ -333,31 +329,6 @@ class LocalCluster:
                 return RaftSettled(seen, settled=False, waited_s=time.monotonic() - started)
             previous = seen
             time.sleep(settle_poll_s)
-
-    def wait_meshed(self, timeout_s: float = ready_timeout_s) -> None:
-        """Waits until every running node has heard from every other member over the peer
-        listeners: two of its Ping replies in a row, `mesh_poll_s` apart, name no silent
-        member. A member a node has never heard from since it started gets liveness' longest
-        allowance (`failover_after_s_max`): a test that stops a node just after the cluster
-        became ready would measure that allowance, not the failover it means to.
-        TimeoutError when `timeout_s` passes first."""
-        deadline = time.monotonic() + timeout_s
-        quiet: dict[int, int] = {}  # node index -> replies in a row naming no silent member
-        while True:
-            for i in sorted(self.running):
-                try:
-                    reply = self.replication(i).Ping(replication_pb2.PingRequest(
-                        from_node="test"), timeout=status_call_timeout_s)
-                except grpc.RpcError:
-                    quiet[i] = 0
-                    continue
-                quiet[i] = quiet.get(i, 0) + 1 if not reply.silent_ms else 0
-            if all(quiet.get(i, 0) >= 2 for i in self.running):
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"the nodes have not all heard from each other within "
-                                   f"{timeout_s:g} s (replies in a row naming none: {quiet})")
-            time.sleep(mesh_poll_s)
 
     def leader_id(self, *, among: Iterable[int] | None = None) -> str | None:
         """The Raft leader as the first running node that knows one sees it, or None."""

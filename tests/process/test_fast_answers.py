@@ -38,7 +38,6 @@ def publish(cluster: LocalCluster, i: int, stream: str) -> tuple[str, float]:
 
 def test_an_isolated_primary_refuses_writes_within_its_lease(cluster3: LocalCluster) -> None:
     route = create(cluster3, "isolated")
-    cluster3.wait_meshed()  # each node knows the others alive before any of them stops
     primary = cluster3.index_of(route.primary)
     others = [i for i in (1, 2, 3) if i != primary]
     for i in others:
@@ -62,9 +61,8 @@ def test_an_isolated_primary_refuses_writes_within_its_lease(cluster3: LocalClus
 
 def test_a_node_that_cannot_reach_the_primary_answers_fast(cluster3: LocalCluster) -> None:
     route = create(cluster3, "far")
-    # Each node knows the others alive first: a member a node never heard from (the cluster
-    # has only just started) gets the longest allowance, 3 s, before it counts as unreachable.
-    cluster3.wait_meshed()
+    # The cluster became ready once each node had heard from the others (wait_ready): a member
+    # a node never heard from gets the longest allowance, 3 s, before it counts as unreachable.
     primary = cluster3.index_of(route.primary)
     through = next(i for i in (1, 2, 3) if i != primary)
     os.kill(cluster3.node(primary).pid, signal.SIGSTOP)
