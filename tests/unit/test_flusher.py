@@ -5,6 +5,7 @@ no flush returns before a save that covers it completed."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,14 @@ async def _until(predicate: object, timeout_s: float = 2.0) -> None:
         await asyncio.sleep(0.001)
 
 
+async def _one_in_flight(saves: _Saves, **options: Any) -> tuple[Flusher, asyncio.Future[None]]:
+    """A flusher over `saves` with one flush whose save has started (and not completed)."""
+    flusher = Flusher(saves.begin_save, **options)
+    first = asyncio.ensure_future(flusher.flush())
+    await _until(lambda: len(saves.started) == 1)
+    return flusher, first
+
+
 @run_async
 async def test_a_flush_with_no_save_in_flight_saves_at_once() -> None:
     saves = _Saves()
@@ -58,11 +67,8 @@ async def test_a_flush_with_no_save_in_flight_saves_at_once() -> None:
 @run_async
 async def test_flushes_that_find_a_save_in_flight_gather_into_one_save() -> None:
     saves = _Saves()
-    flusher = Flusher(saves.begin_save, gather_s=GATHER_S)
-    loop = asyncio.get_running_loop()
-    first = asyncio.ensure_future(flusher.flush())
-    await _until(lambda: len(saves.started) == 1)
-    gathered_from = loop.time()
+    flusher, first = await _one_in_flight(saves, gather_s=GATHER_S)
+    gathered_from = asyncio.get_running_loop().time()
     second = asyncio.ensure_future(flusher.flush())
     await asyncio.sleep(0.01)
     saves.gates[0].set()  # the save in flight ends early: the gathering goes on
@@ -92,9 +98,7 @@ async def test_without_a_window_a_flush_in_flight_starts_its_own_save() -> None:
 @run_async
 async def test_a_gathered_save_waits_for_a_slot() -> None:
     saves = _Saves()
-    flusher = Flusher(saves.begin_save, gather_s=0.01, inflight_max=1)
-    first = asyncio.ensure_future(flusher.flush())
-    await _until(lambda: len(saves.started) == 1)
+    flusher, first = await _one_in_flight(saves, gather_s=0.01, inflight_max=1)
     second = asyncio.ensure_future(flusher.flush())
     await asyncio.sleep(0.05)  # the window passed, the one slot is taken
     assert len(saves.started) == 1
@@ -108,9 +112,7 @@ async def test_a_gathered_save_waits_for_a_slot() -> None:
 @run_async
 async def test_closing_while_gathering_fails_the_waiters_and_starts_no_save() -> None:
     saves = _Saves()
-    flusher = Flusher(saves.begin_save, gather_s=GATHER_S)
-    first = asyncio.ensure_future(flusher.flush())
-    await _until(lambda: len(saves.started) == 1)
+    flusher, first = await _one_in_flight(saves, gather_s=GATHER_S)
     gathering = asyncio.ensure_future(flusher.flush())
     await asyncio.sleep(0)
     flusher.close(RaftlogError(Reason.SHUTTING_DOWN, "closed"))
