@@ -17,8 +17,9 @@ consumers, replication or cluster packages.
                 `localcluster_layout` (directory, ports, command lines), `localcluster_procs`
                 (pid files, /proc checks, stopping) and `localcluster_wait` (health, readiness).
 - `certs`       a local CA and certificates for `cluster up --tls`.
+- `grpc_stack`  the gRPC stack a node process runs on, chosen before grpc is imported
+                (`__main__` and `raftlog node` re-execute the process with it).
+
+This package's `__init__` imports nothing: `python -m raftlog.node.cli` must reach `__main__`
+before grpc is imported.
 """
-
-from raftlog.node.cli.main import main
-
-__all__ = ["main"]

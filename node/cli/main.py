@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 
 from raftlog.base import limits
 from raftlog.node.cli import format as fmt
+from raftlog.node.cli import grpc_stack
 from raftlog.node.cli.auth import add_auth_commands
 from raftlog.node.cli.base import (
     EXIT_ERROR,
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.run is _run_node:  # the `raftlog` script loaded grpc already: a node re-executes
+        grpc_stack.reexec_node(args_in)
     try:
         return int(args.run(args))
     except UsageError as exc:
