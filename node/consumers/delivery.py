@@ -13,17 +13,13 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
-
 from raftlog.base import limits
 from raftlog.base.errors import InvariantViolation
 from raftlog.node.consumers.serving import ServedConsumer, ServedStream, check_range
 from raftlog.node.consumers.settlement import SettlementManager
 from raftlog.node.consumers.state import DeliveryState
-from raftlog.node.engine.log import LogEntry, StreamLog
+from raftlog.node.engine.log import Answer, LogEntry, StreamLog, fill_message
 from raftlog.v1 import types_pb2
-
-Answer = RepeatedCompositeFieldContainer[types_pb2.Message]  # the messages field of an answer
 
 
 @dataclass
@@ -71,38 +67,38 @@ class _Batch:
                 self.full = True
                 return taken
             self.payload_bytes = payload_bytes
-            _fill(messages.add(), stream, entry, deliver_count=1)
+            fill_message(messages.add(), stream, entry, deliver_count=1)
         return len(entries)
+
+    def add_new_run(self, log: StreamLog, *, from_seq: int, limit: int) -> list[int]:
+        """First deliveries of the committed messages from `from_seq` on (no filter), built
+        straight into the answer (`StreamLog.fill_new`) while they fit; returns their seqs.
+        Only for a batch that builds an answer with no bytes_max (`fills_answer`)."""
+        if isinstance(self.messages, list):
+            raise InvariantViolation("add_new_run needs an answer to build in")
+        run = log.fill_new(self.messages, from_seq=from_seq, limit=limit,
+                           payload_room=limits.fetch_bytes_max - self.payload_bytes)
+        self.payload_bytes += run.payload_bytes
+        self.full = self.full or run.full
+        return run.seqs
+
+    def fills_answer(self) -> bool:
+        """Whether the batch builds an answer in place, under the payload cap alone."""
+        return self.bytes_max is None and not isinstance(self.messages, list)
 
     def add(self, entry: LogEntry, *, deliver_count: int) -> None:
         messages = self.messages
         if isinstance(messages, list):
             messages.append(to_message(self.stream, entry, deliver_count=deliver_count))
         else:
-            _fill(messages.add(), self.stream, entry, deliver_count=deliver_count)
+            fill_message(messages.add(), self.stream, entry, deliver_count=deliver_count)
         self.payload_bytes += len(entry.payload)
         if self.bytes_max is not None:  # counted only for the cap (a hot path: fetch)
             self.message_bytes += entry.size_bytes
 
 
 def to_message(stream: str, entry: LogEntry, *, deliver_count: int) -> types_pb2.Message:
-    return _fill(types_pb2.Message(), stream, entry, deliver_count=deliver_count)
-
-
-def _fill(message: types_pb2.Message, stream: str, entry: LogEntry, *,
-          deliver_count: int) -> types_pb2.Message:
-    message.seq = entry.seq
-    message.subject = entry.subject
-    message.ts_ms = entry.ts_ms
-    message.payload = entry.payload
-    if entry.msg_id:
-        message.msg_id = entry.msg_id
-    message.deliver_count = deliver_count
-    message.stream = stream
-    if entry.headers:  # most messages have none (a hot path: fetch)
-        message.headers.extend(types_pb2.Header(key=key, value=value)
-                               for key, value in entry.headers)
-    return message
+    return fill_message(types_pb2.Message(), stream, entry, deliver_count=deliver_count)
 
 
 class DeliveryManager(SettlementManager):
@@ -172,7 +168,7 @@ class DeliveryManager(SettlementManager):
             _deliver_run(found.log, state, out, limit=room, now_s=now_s)
             return
         for entry in _undelivered(found.log, state, limit=room):
-            _check_committed(found.log, entry, commit_seq)
+            _check_committed(found.log, entry.seq, commit_seq)
             if not out.fits(entry):
                 return
             out.add(entry, deliver_count=state.deliver(entry.seq, now_s=now_s))
@@ -221,12 +217,21 @@ def _deliver_run(log: StreamLog, state: DeliveryState, out: _Batch, *, limit: in
     nothing to pass over): the next `limit` matching entries are read at once, as many as fit
     are handed out together, and the state records them in one step."""
     from_seq = state.delivered_seq + 1
-    entries = list(log.scan(from_seq=from_seq, filter_subject=state.config.filter_subject,
-                            limit=limit))
+    filter_subject = state.config.filter_subject
+    if not filter_subject and out.fills_answer():  # the hot path: a Fetch call's answer
+        seqs = out.add_new_run(log, from_seq=from_seq, limit=limit)
+        if not seqs:
+            if not out.full:
+                _skip_unmatched(log, state, from_seq=from_seq)
+            return
+        _check_committed(log, seqs[-1], log.commit_seq)
+        state.deliver_new(seqs, now_s=now_s)
+        return
+    entries = list(log.scan(from_seq=from_seq, filter_subject=filter_subject, limit=limit))
     if not entries:
         _skip_unmatched(log, state, from_seq=from_seq)
         return
-    _check_committed(log, entries[-1], log.commit_seq)
+    _check_committed(log, entries[-1].seq, log.commit_seq)
     taken = out.add_new(entries)
     state.deliver_new([entry.seq for entry in entries[:taken]], now_s=now_s)
 
@@ -239,9 +244,9 @@ def _skip_unmatched(log: StreamLog, state: DeliveryState, *, from_seq: int) -> N
         state.skip_to(log.commit_seq)
 
 
-def _check_committed(log: StreamLog, entry: LogEntry, commit_seq: int) -> None:
-    if entry.seq > commit_seq:
-        raise InvariantViolation(f"stream {log.name}: seq {entry.seq} above commit_seq "
+def _check_committed(log: StreamLog, seq: int, commit_seq: int) -> None:
+    if seq > commit_seq:
+        raise InvariantViolation(f"stream {log.name}: seq {seq} above commit_seq "
                                  f"{commit_seq} offered to a consumer")
 
 

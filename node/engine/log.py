@@ -15,7 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 from raftlog.base import subjects
+from raftlog.v1 import types_pb2
+
+Answer = RepeatedCompositeFieldContainer[types_pb2.Message]  # the messages field of an answer
 
 
 class LogEntry(NamedTuple):
@@ -35,6 +40,31 @@ class LogEntry(NamedTuple):
         if self.headers:
             size += sum(len(k) + len(v) for k, v in self.headers)
         return size
+
+
+class NewRun(NamedTuple):
+    """What `StreamLog.fill_new` added to an answer."""
+
+    seqs: list[int]  # ascending
+    payload_bytes: int  # of their payloads together
+    full: bool  # it stopped at the payload room, with messages left
+
+
+def fill_message(message: types_pb2.Message, stream: str, entry: LogEntry, *,
+                 deliver_count: int) -> types_pb2.Message:
+    """`message` (new, or just added to an answer) set to `entry` as delivered to a consumer."""
+    message.seq = entry.seq
+    message.subject = entry.subject
+    message.ts_ms = entry.ts_ms
+    message.payload = entry.payload
+    if entry.msg_id:
+        message.msg_id = entry.msg_id
+    message.deliver_count = deliver_count
+    message.stream = stream
+    if entry.headers:  # most messages have none (a hot path: fetch)
+        message.headers.extend(types_pb2.Header(key=key, value=value)
+                               for key, value in entry.headers)
+    return message
 
 
 class StreamLog(Protocol):
@@ -74,6 +104,15 @@ class StreamLog(Protocol):
     def scan(self, *, from_seq: int, filter_subject: str = "", limit: int) -> Iterator[LogEntry]:
         """Committed messages with seq >= from_seq matching the filter, in seq order, at most
         `limit` of them (the scan may also stop early after examining a bounded number)."""
+        ...
+
+    def fill_new(self, messages: Answer, *, from_seq: int, limit: int,
+                 payload_room: int) -> NewRun:
+        """`scan` with no filter, straight into an answer: the committed messages from
+        `from_seq` on, at most `limit` (and at most as many as a scan examines), each added to
+        `messages` as a first delivery (deliver_count 1) while the payloads added fit in
+        `payload_room` bytes. A message always fits into an empty `messages`. The hot path of
+        a fetch: it builds no LogEntry."""
         ...
 
     def first_seq_at_or_after_time(self, ts_ms: int) -> int:
@@ -152,6 +191,18 @@ class MemoryStreamLog:
             if not filter_subject or subjects.matches(filter_subject, entry.subject):
                 produced += 1
                 yield entry
+
+    def fill_new(self, messages: Answer, *, from_seq: int, limit: int,
+                 payload_room: int) -> NewRun:
+        seqs: list[int] = []
+        taken_bytes, had = 0, len(messages)
+        for entry in self.scan(from_seq=from_seq, limit=limit):
+            if taken_bytes + len(entry.payload) > payload_room and (had or seqs):
+                return NewRun(seqs, taken_bytes, full=True)
+            taken_bytes += len(entry.payload)
+            fill_message(messages.add(), self.name, entry, deliver_count=1)
+            seqs.append(entry.seq)
+        return NewRun(seqs, taken_bytes, full=False)
 
     def first_seq_at_or_after_time(self, ts_ms: int) -> int:
         for seq in sorted(self.entries):

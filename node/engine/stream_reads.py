@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from raftlog.base import limits, subjects
 from raftlog.base.errors import RaftlogError, Reason
 from raftlog.internal import storage_pb2
-from raftlog.node.engine.log import LogEntry
+from raftlog.node.engine.log import Answer, LogEntry, NewRun
 from raftlog.node.engine.stream_core import StreamCore, to_entry, to_message
 from raftlog.v1 import streams_pb2, types_pb2
 
@@ -79,6 +79,41 @@ class StreamReads(StreamCore):
                     return
             if examined >= limits.scan_examined_max:
                 return
+
+    def fill_new(self, messages: Answer, *, from_seq: int, limit: int,
+                 payload_room: int) -> NewRun:
+        """See StreamLog.fill_new. Each message goes from its stored value to the answer's
+        message with no LogEntry between (half a fetch's time per message went to that)."""
+        self.check_readable()
+        seqs: list[int] = []
+        taken_bytes, had = 0, len(messages)
+        stop = min(limit, limits.scan_examined_max)
+        if stop <= 0:
+            return NewRun(seqs, taken_bytes, full=False)
+        decode, add, stream = storage_pb2.StoredMessage.FromString, messages.add, self.name
+        for seq, raw in self._committed_items(from_seq):
+            stored = decode(raw)
+            payload = stored.payload
+            if taken_bytes + len(payload) > payload_room and (had or seqs):
+                return NewRun(seqs, taken_bytes, full=True)
+            taken_bytes += len(payload)
+            message = add()  # the fields as fill_message sets them, in place (a hot path)
+            message.seq = seq
+            message.subject = stored.subject
+            message.ts_ms = stored.ts_ms
+            message.payload = payload
+            msg_id = stored.msg_id
+            if msg_id:
+                message.msg_id = msg_id
+            message.deliver_count = 1
+            message.stream = stream
+            headers = stored.headers
+            if headers:
+                message.headers.extend(headers)
+            seqs.append(seq)
+            if len(seqs) >= stop:
+                break
+        return NewRun(seqs, taken_bytes, full=False)
 
     def scan_subject(self, subject: str, *, from_seq: int, limit: int) -> tuple[
         list[types_pb2.Message], int
