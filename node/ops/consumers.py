@@ -46,7 +46,7 @@ def _ack_response(seqs: Sequence[int], settled: Settled) -> consumers_pb2.AckRes
     add = response.results.add  # in place: a third of the time of building each and copying
     if not settled.refused:  # the usual (a hot path: every Ack)
         for seq in seqs:
-            add(seq=seq)
+            add().seq = seq  # half the time of add(seq=seq): no keyword arguments to parse
         return response
     refused = {seq: rpc.to_error_pb(error) for seq, error in settled.refused.items()}
     for seq in seqs:
