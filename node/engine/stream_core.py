@@ -114,10 +114,6 @@ class StreamCore:
         self._unwritten_deletes: set[int] = set()  # deleted in the batch not yet written
         self.replicated_by = ""  # as a replica: the node whose batches it took last
         self._known_subjects: dict[str, tuple[bytes, int]] = {}
-        # The values a publish just wrote, (epoch, first seq, values), for the replicator's next
-        # send (`stored_values`), so that it does not read back from RocksDB what it holds
-        # already. Dropped by any deletion and by the replicator once it has sent.
-        self._fresh: tuple[int, int, list[bytes]] | None = None
         self.closed = False
 
     # ----------------------------------------------------------------- loading
@@ -214,17 +210,12 @@ class StreamCore:
         self._unwritten_deletes.clear()
         return self._store.batch()
 
-    def forget_fresh(self) -> None:
-        """Drops the values the last publish wrote (the replicator has sent them)."""
-        self._fresh = None
-
     def _delete_seq(self, batch: StoreBatch, seq: int, touched: set[str]) -> bool:
         stored = self._read_stored(seq)
         if stored is None:
             return False
         size = stored_size(stored)
         batch.delete_message(self.stream_id, seq, subject=stored.subject)
-        self._fresh = None
         self._unwritten_deletes.add(seq)
         if self.replicator is not None and len(self.removed_log) < limits.removed_log_max:
             self.removed_log.append(seq)

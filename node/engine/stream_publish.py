@@ -252,8 +252,6 @@ class StreamPublishing(StreamRetention):
                 record.last_epoch = epoch
         if values:
             batch.append(self.stream_id, first_seq=run_first, values=values, subject_refs=refs)
-            if self.replicator is not None:  # its next send takes them from here
-                self._fresh = (epoch, run_first, values)
         if self.dedupe:
             self._expire_dedupe(batch, now_ms)
         self._write(batch, touched)

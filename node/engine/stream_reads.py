@@ -191,18 +191,7 @@ class StreamReads(StreamCore):
 
     def stored_values(self, *, from_seq: int, to_seq: int, bytes_max: int) -> list[bytes]:
         """Stored bytes of seqs from_seq..to_seq (fewer once bytes_max is reached); a seq
-        removed here (work queue, purge) is an empty value, so the replica still moves on.
-        The values the last publish wrote come from memory when they cover the range and the
-        stream has no hole (nothing removed since: every seq from first_seq to last_seq is
-        stored, and a stored value never changes within an epoch)."""
-        fresh = self._fresh
-        if fresh is not None:
-            epoch, first, written = fresh
-            record = self.record
-            if (epoch == record.epoch and first <= from_seq and to_seq < first + len(written)
-                    and record.first_seq <= from_seq
-                    and record.messages == record.last_seq - record.first_seq + 1):
-                return _within(written[from_seq - first:to_seq - first + 1], bytes_max)
+        removed here (work queue, purge) is an empty value, so the replica still moves on."""
         values: list[bytes] = []
         size = 0
         expected = from_seq
@@ -217,13 +206,3 @@ class StreamReads(StreamCore):
             expected = seq + 1
         values.extend([b""] * (to_seq + 1 - expected))
         return values
-
-
-def _within(values: list[bytes], bytes_max: int) -> list[bytes]:
-    """The first of `values` whose sizes add up to at most `bytes_max` (at least one)."""
-    size = 0
-    for index, value in enumerate(values):
-        if index and size + len(value) > bytes_max:
-            return values[:index]
-        size += len(value)
-    return values

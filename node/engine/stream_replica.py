@@ -148,7 +148,6 @@ class StreamReplica(StreamCore):
         what stays is the prefix the new lineage (`history`) shares."""
         if seq > self.record.last_seq:
             return
-        self._fresh = None
         self.record.last_epoch = epoch_of(seq - 1, history, default=self.record.last_epoch)
         batch = self._store.batch()
         touched: set[str] = set()
@@ -173,7 +172,6 @@ class StreamReplica(StreamCore):
 
     def _reset_to(self, first_seq: int, *, history: Sequence[tuple[int, int]]) -> None:
         """Drops the whole local copy; the next message stored will be `first_seq`."""
-        self._fresh = None
         self.record.last_epoch = epoch_of(first_seq - 1, history, default=0)
         batch = self._store.batch()
         batch.drop_messages(self.stream_id)

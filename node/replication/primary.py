@@ -274,7 +274,6 @@ class StreamReplicator:
         read: dict[tuple[int, int], tuple[list[bytes], int]] = {}  # one read per position
         for progress in self.progress.values():
             self._maybe_send(progress, read=read)
-        self.stream.forget_fresh()  # a later send reads them back from the store
 
     def on_local_durable(self) -> None:
         self._recompute_commit()
